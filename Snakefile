@@ -1,0 +1,33 @@
+# cluster-ft: score -> cluster -> select -> train -> evaluate -> report.
+# `snakemake --cores all` runs the embedded default (config/config.yaml);
+# `snakemake --cores all --configfile config/paper.yaml` the paper's GPU-cluster setup.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# `--configfile X` replaces this default entirely (X must be a complete config);
+# `--config key=value` overrides single keys.
+if not workflow.config_settings.configfiles:
+
+    configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/models.smk"
+include: "workflow/rules/score.smk"
+include: "workflow/rules/cluster.smk"
+include: "workflow/rules/select.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        report_outputs(),
+    default_target: True

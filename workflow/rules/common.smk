@@ -1,0 +1,157 @@
+# Config validation, sweep targets and input functions shared by every rule file.
+import json
+import os
+from itertools import product
+from pathlib import Path
+
+from snakemake.utils import validate
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+# The package lives in workflow/clusterft; make it importable by every job,
+# installed (pip install -e .) or not, with or without --sdm conda.
+PKG_DIR = str(Path(workflow.basedir) / "workflow")
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (PKG_DIR, os.environ.get("PYTHONPATH", "")) if p
+)
+if PKG_DIR not in sys.path:
+    sys.path.insert(0, PKG_DIR)
+
+from clusterft.config import check_config, tasks_for, budget_label
+
+check_config(config)
+
+ENV = "../../envs/clusterft.yaml"
+DATASETS = list(config["datasets"])
+MODELS = list(config["models"])
+SEEDS = list(config["seeds"])
+USE_GPU = config["train"].get("device", "cpu") == "cuda"
+RUN = "{dataset}/{model}/{method}-{budget}/g{gpus}-{dist}/s{seed}"
+
+
+wildcard_constraints:
+    dataset="|".join(DATASETS),
+    model="|".join(MODELS),
+    method="full|random|cluster",
+    budget=r"[0-9]+(\.[0-9]+)?",
+    gpus=r"[1-9][0-9]*",
+    dist="random|balanced",
+    seed=r"[0-9]+",
+
+
+def accuracy_runs():
+    """Runs of the accuracy-vs-data sweep: every method and budget at one GPU count."""
+    sweep = config["sweep"]
+    acc = sweep["accuracy"]
+    for dataset, model, seed, method in product(
+        DATASETS, MODELS, SEEDS, sweep["methods"]
+    ):
+        budgets = [1.0] if method == "full" else sweep["budgets"]
+        for budget in budgets:
+            yield dict(
+                dataset=dataset,
+                model=model,
+                method=method,
+                budget=budget_label(budget),
+                gpus=acc["gpus"],
+                dist=acc["distribution"],
+                seed=seed,
+            )
+
+
+def time_runs():
+    """Runs of the time sweep: full data and the chosen methods across GPU counts and distributions."""
+    t = config["sweep"]["time"]
+    for dataset, model, seed, gpus, dist in product(
+        DATASETS, MODELS, t["seeds"], t["gpus"], t["distributions"]
+    ):
+        yield dict(
+            dataset=dataset,
+            model=model,
+            method="full",
+            budget=budget_label(1.0),
+            gpus=gpus,
+            dist=dist,
+            seed=seed,
+        )
+        for method, budget in product(t["methods"], t["budgets"]):
+            yield dict(
+                dataset=dataset,
+                model=model,
+                method=method,
+                budget=budget_label(1.0 if method == "full" else budget),
+                gpus=gpus,
+                dist=dist,
+                seed=seed,
+            )
+
+
+def unique(runs):
+    seen, out = set(), []
+    for r in runs:
+        key = tuple(sorted(r.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+ACCURACY_RUNS = unique(accuracy_runs())
+TIME_RUNS = unique(time_runs())
+
+
+def run_path(prefix, run, suffix):
+    return f"results/{prefix}/{RUN.format(**run)}/{suffix}"
+
+
+def report_inputs():
+    return dict(
+        evals=[run_path("eval", r, "results.json") for r in ACCURACY_RUNS],
+        base_evals=[
+            f"results/eval/{d}/{m}/base/results.json"
+            for d, m in product(DATASETS, MODELS)
+        ],
+        metrics=[
+            run_path("train", r, "train_metrics.json")
+            for r in unique(ACCURACY_RUNS + TIME_RUNS)
+        ],
+        clusters=[
+            f"results/cluster/{d}/{m}/s{s}/clusters.parquet"
+            for d, m, s in product(DATASETS, MODELS, SEEDS)
+        ],
+        labels=[f"results/data/{d}/labels.parquet" for d in DATASETS],
+    )
+
+
+REPORT_TABLES = ["accuracy_vs_data", "time"]
+
+
+def report_outputs():
+    return (
+        [f"results/tables/{t}.{ext}" for t in REPORT_TABLES for ext in ("csv", "md")]
+        + [f"results/tables/findings.md"]
+        + [
+            f"results/plots/{p}_{d}.png"
+            for p in ("accuracy_vs_data", "time")
+            for d in DATASETS
+        ]
+    )
+
+
+def bench_dirs(wildcards):
+    """Benchmark folders of every dataset of the run's domain (their tasks are evaluated)."""
+    domain = config["datasets"][wildcards.dataset]["domain"]
+    return [
+        f"results/benchmarks/{d}"
+        for d in DATASETS
+        if config["datasets"][d]["domain"] == domain
+    ]
+
+
+def eval_tasks(wildcards):
+    return tasks_for(config, config["datasets"][wildcards.dataset]["domain"])
+
+
+def section(name, **extra):
+    """A config section as a plain dict (passed to the package, which merges its DEFAULTS)."""
+    return {**config.get(name, {}), **extra}

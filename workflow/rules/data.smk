@@ -1,0 +1,48 @@
+# Embedded data: instruction pools + held-out benchmark items per dataset, and the
+# general corpus (disjoint from both) for the tokenizer and base-model pretraining.
+
+
+rule prepare_data:
+    output:
+        pool="results/data/{dataset}/pool.jsonl",
+        labels="results/data/{dataset}/labels.parquet",
+        summary="results/data/{dataset}/summary.json",
+        benchmarks=directory("results/benchmarks/{dataset}"),
+    params:
+        cfg=lambda w: {**config["datasets"][w.dataset], **config["benchmarks"]},
+        seed=config["data_seed"],
+    log:
+        "logs/prepare_data/{dataset}.log",
+    benchmark:
+        "benchmarks/out/prepare_data/{dataset}.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    conda:
+        ENV
+    script:
+        "../scripts/prepare_data.py"
+
+
+rule corpus:
+    input:
+        pools=expand("results/data/{dataset}/pool.jsonl", dataset=DATASETS),
+        benchmarks=expand("results/benchmarks/{dataset}", dataset=DATASETS),
+    output:
+        "results/corpus/general.txt",
+    params:
+        cfg=config["corpus"],
+        seed=config["data_seed"],
+    log:
+        "logs/corpus.log",
+    benchmark:
+        "benchmarks/out/corpus.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    conda:
+        ENV
+    script:
+        "../scripts/corpus.py"

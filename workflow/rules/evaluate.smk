@@ -1,0 +1,54 @@
+# lm-eval on the benchmarks of the run's domain (repo-defined tasks in the embedded
+# default; named lm-eval tasks with config/paper.yaml).
+
+
+rule evaluate:
+    input:
+        model=f"results/train/{RUN}/model",
+        benchmarks=bench_dirs,
+    output:
+        results=f"results/eval/{RUN}/results.json",
+        raw=f"results/eval/{RUN}/results.lm_eval.json",
+        tasks=directory(f"results/eval/{RUN}/tasks"),
+    params:
+        tasks=eval_tasks,
+        cfg=config["evaluate"],
+    log:
+        f"logs/evaluate/{RUN}.log",
+    benchmark:
+        f"benchmarks/out/evaluate/{RUN}.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=120,
+        gpu=1 if USE_GPU else 0,
+    conda:
+        ENV
+    script:
+        "../scripts/evaluate.py"
+
+
+rule evaluate_base:
+    input:
+        model="results/models/{model}/base",
+        benchmarks=bench_dirs,
+    output:
+        results="results/eval/{dataset}/{model}/base/results.json",
+        raw="results/eval/{dataset}/{model}/base/results.lm_eval.json",
+        tasks=directory("results/eval/{dataset}/{model}/base/tasks"),
+    params:
+        tasks=eval_tasks,
+        cfg=config["evaluate"],
+    log:
+        "logs/evaluate/{dataset}/{model}/base.log",
+    benchmark:
+        "benchmarks/out/evaluate/{dataset}/{model}/base.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=120,
+        gpu=1 if USE_GPU else 0,
+    conda:
+        ENV
+    script:
+        "../scripts/evaluate.py"

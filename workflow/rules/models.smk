@@ -1,0 +1,49 @@
+# Tokenizer and base models: built and pretrained locally (embedded default)
+# or resolved from hub ids / local paths (config/paper.yaml). Same DAG either way.
+
+
+rule tokenizer:
+    input:
+        corpus="results/corpus/general.txt",
+    output:
+        directory("results/models/tokenizer"),
+    params:
+        cfg=config["tokenizer"],
+        allow_downloads=config["allow_downloads"],
+        seed=config["data_seed"],
+    log:
+        "logs/tokenizer.log",
+    benchmark:
+        "benchmarks/out/tokenizer.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        ENV
+    script:
+        "../scripts/tokenizer.py"
+
+
+rule base_model:
+    input:
+        tokenizer="results/models/tokenizer",
+        corpus="results/corpus/general.txt",
+    output:
+        directory("results/models/{model}/base"),
+    params:
+        cfg=lambda w: config["models"][w.model],
+        allow_downloads=config["allow_downloads"],
+        seed=config["data_seed"],
+    log:
+        "logs/base_model/{model}.log",
+    benchmark:
+        "benchmarks/out/base_model/{model}.tsv"
+    threads: workflow.cores
+    resources:
+        mem_mb=8000,
+        runtime=120,
+    conda:
+        ENV
+    script:
+        "../scripts/base_model.py"

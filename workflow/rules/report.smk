@@ -1,0 +1,47 @@
+# Tables, plots and findings from the result files (no model is loaded here).
+
+
+rule report:
+    input:
+        **report_inputs(),
+    output:
+        tables=[
+            report(
+                f"results/tables/{t}.{ext}",
+                caption=f"../report/{t}.rst",
+                category="Tables",
+            )
+            for t in REPORT_TABLES
+            for ext in ("csv", "md")
+        ],
+        findings=report(
+            "results/tables/findings.md", caption="../report/findings.rst", category="Findings"
+        ),
+        plots=[
+            report(
+                f"results/plots/{p}_{d}.png",
+                caption=f"../report/{p}.rst",
+                category="Plots",
+                subcategory=d,
+            )
+            for p in ("accuracy_vs_data", "time")
+            for d in DATASETS
+        ],
+        runs="results/tables/runs.csv",
+    params:
+        accuracy_runs=ACCURACY_RUNS,
+        time_runs=TIME_RUNS,
+        datasets=config["datasets"],
+        tasks={d: tasks_for(config, config["datasets"][d]["domain"]) for d in DATASETS},
+    log:
+        "logs/report.log",
+    benchmark:
+        "benchmarks/out/report.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        ENV
+    script:
+        "../scripts/report.py"

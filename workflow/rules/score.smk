@@ -1,0 +1,25 @@
+# Gradient features: per-example LoRA gradients of a briefly warmed-up model,
+# randomly projected and L2-normalised, plus a scalar score per example.
+
+
+rule score:
+    input:
+        model="results/models/{model}/base",
+        pool="results/data/{dataset}/pool.jsonl",
+    output:
+        features="results/score/{dataset}/{model}/s{seed}/features.npy",
+        scores="results/score/{dataset}/{model}/s{seed}/scores.parquet",
+    params:
+        cfg=config["score"],
+    log:
+        "logs/score/{dataset}/{model}/s{seed}.log",
+    benchmark:
+        "benchmarks/out/score/{dataset}/{model}/s{seed}.tsv"
+    threads: workflow.cores
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    conda:
+        ENV
+    script:
+        "../scripts/score.py"

@@ -1,0 +1,33 @@
+# Data-parallel fine-tuning with torch.distributed, launched by torchrun:
+# one process per GPU (gloo CPU ranks in the embedded default).
+
+
+rule train:
+    input:
+        model="results/models/{model}/base",
+        pool="results/data/{dataset}/pool.jsonl",
+        selection="results/select/{dataset}/{model}/{method}-{budget}/s{seed}/selection.parquet",
+    output:
+        model=directory(f"results/train/{RUN}/model"),
+        metrics=f"results/train/{RUN}/train_metrics.json",
+    params:
+        cfg=lambda w: json.dumps(config["train"]),
+    log:
+        f"logs/train/{RUN}.log",
+    benchmark:
+        f"benchmarks/out/train/{RUN}.tsv"
+    # CPU ranks: one core each (capped at --cores); on GPUs, cpus_per_gpu per rank.
+    threads: lambda w: int(w.gpus) * config["train"].get("cpus_per_rank", 1)
+    resources:
+        mem_mb=lambda w: 4000 * int(w.gpus),
+        runtime=600,
+        gpu=lambda w: int(w.gpus) if USE_GPU else 0,
+    conda:
+        ENV
+    shell:
+        "torchrun --standalone --nnodes 1 --nproc-per-node {wildcards.gpus}"
+        " -m clusterft.train"
+        " --model {input.model} --pool {input.pool} --selection {input.selection}"
+        " --out {output.model} --metrics {output.metrics}"
+        " --distribution {wildcards.dist} --seed {wildcards.seed}"
+        " --config {params.cfg:q} > {log} 2>&1"

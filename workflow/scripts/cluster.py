@@ -1,0 +1,13 @@
+"""Snakemake wrapper: cosine k-means of the gradient features."""
+from clusterft.cluster import run_cluster
+from clusterft.smk import logged
+
+with logged(snakemake.log[0]):
+    run_cluster(
+        snakemake.input.features,
+        snakemake.input.scores,
+        snakemake.params.cfg,
+        snakemake.output.clusters,
+        snakemake.output.centroids,
+        seed=int(snakemake.wildcards.seed),
+    )

@@ -1,0 +1,15 @@
+"""Snakemake wrapper: lm-eval on the run's benchmark tasks."""
+from clusterft.evaluate import run_evaluate
+from clusterft.smk import logged
+
+with logged(snakemake.log[0]):
+    run_evaluate(
+        snakemake.input.model,
+        list(snakemake.params.tasks),
+        list(snakemake.input.benchmarks),
+        snakemake.params.cfg,
+        out_json=snakemake.output.results,
+        out_raw=snakemake.output.raw,
+        tasks_dir=snakemake.output.tasks,
+        seed=int(getattr(snakemake.wildcards, "seed", 0)),
+    )

@@ -1,0 +1,14 @@
+"""Snakemake wrapper: build one dataset's pool, labels and benchmark items."""
+from clusterft.data import run_prepare_data
+from clusterft.smk import logged
+
+with logged(snakemake.log[0]):
+    run_prepare_data(
+        snakemake.wildcards.dataset,
+        snakemake.params.cfg,
+        out_pool=snakemake.output.pool,
+        out_labels=snakemake.output.labels,
+        out_bench_dir=snakemake.output.benchmarks,
+        out_summary=snakemake.output.summary,
+        seed=snakemake.params.seed,
+    )

@@ -1,0 +1,12 @@
+"""Snakemake wrapper: train the byte-level BPE tokenizer (or fetch a hub one)."""
+from clusterft.models import run_tokenizer
+from clusterft.smk import logged
+
+with logged(snakemake.log[0]):
+    run_tokenizer(
+        snakemake.input.corpus,
+        snakemake.params.cfg,
+        snakemake.output[0],
+        allow_downloads=snakemake.params.allow_downloads,
+        seed=snakemake.params.seed,
+    )
