@@ -16,8 +16,9 @@ rule train:
         f"logs/train/{RUN}.log",
     benchmark:
         f"benchmarks/out/train/{RUN}.tsv"
-    # CPU ranks: one core each (capped at --cores); on GPUs, cpus_per_gpu per rank.
-    threads: lambda w: int(w.gpus) * config["train"].get("cpus_per_rank", 1)
+    # One core per rank, capped at --cores: a CPU-rank run has the machine to itself,
+    # so its wall time is not disturbed by other jobs.
+    threads: lambda w: int(w.gpus)
     resources:
         mem_mb=lambda w: 4000 * int(w.gpus),
         runtime=600,

@@ -1,14 +1,15 @@
 """Snakemake wrapper: build + pretrain a base model (or resolve a hub id / local path)."""
-from clusterft.models import run_base_model
+from clusterft.models import run_model
 from clusterft.smk import logged
 
 with logged(snakemake.log[0]):
-    run_base_model(
+    run_model(
         snakemake.input.tokenizer,
         snakemake.input.corpus,
         snakemake.params.cfg,
         snakemake.output[0],
-        allow_downloads=snakemake.params.allow_downloads,
         seed=snakemake.params.seed,
+        name=snakemake.wildcards.model,
+        allow_downloads=snakemake.params.allow_downloads,
         threads=snakemake.threads,
     )

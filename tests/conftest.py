@@ -1,0 +1,111 @@
+"""Shared fixtures: a tiny real tokenizer + Llama (HF dir) and a tiny schema-valid pool.
+
+Both are built deterministically in a few seconds from local text (Python stdlib source),
+so tests of score/cluster/train/evaluate can run a real model end to end.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+TINY_VOCAB = 512
+TINY_SIZE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 256}
+STDLIB_MODULES = ("textwrap", "string", "fnmatch", "shlex", "bisect", "heapq", "colorsys")
+
+
+def stdlib_text(modules: tuple[str, ...] = STDLIB_MODULES, max_lines: int = 1500) -> list[str]:
+    """A few hundred lines of local text: the source of some small stdlib modules."""
+    import importlib
+    import inspect
+
+    lines: list[str] = []
+    for name in modules:
+        lines.extend(inspect.getsource(importlib.import_module(name)).splitlines(keepends=True))
+    return lines[:max_lines]
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus_path(tmp_path_factory) -> Path:
+    """The stdlib text as a corpus file (documents separated by two blank lines)."""
+    p = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    p.write_text("".join(stdlib_text()).replace("\n\n\n", "\n\n") + "\n\n\n", encoding="utf-8")
+    return p
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory) -> Path:
+    """A byte-level BPE tokenizer (vocab 512) trained on stdlib source."""
+    from clusterft.models import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tok") / "tokenizer"
+    train_tokenizer(stdlib_text(), TINY_VOCAB, out, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
+    """An HF dir (model + tokenizer) of a ~25k-parameter Llama, pretrained for 60 steps."""
+    from clusterft.models import build_model, load_tokenizer, pretrain, save_model
+
+    tok = load_tokenizer(tiny_tokenizer_dir)
+    model = build_model(tok, TINY_SIZE, seed=0)
+    pretrain(model, tok, ["".join(stdlib_text())],
+             {"steps": 60, "block_size": 64, "batch_size": 8, "lr": 3e-3, "warmup_steps": 3,
+              "val_fraction": 0.0}, seed=0)
+    out = tmp_path_factory.mktemp("model") / "tiny"
+    save_model(model, tok, out)
+    return out
+
+
+_WORDS = ("apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "candle",
+          "forest", "rocket", "garden", "silver", "winter", "mirror", "bridge", "oxygen")
+
+
+def _tiny_example(i: int) -> tuple[dict, str]:
+    """Example i of four simple skills; returns (record, skill label)."""
+    skill = ("reverse", "upper", "count", "add")[i % 4]
+    w = _WORDS[(i * 7) % len(_WORDS)]
+    a, b = (i * 13) % 50, (i * 29) % 50
+    if skill == "reverse":
+        q, r = f"Reverse the word: {w}", w[::-1]
+    elif skill == "upper":
+        q, r = f"Write in capital letters: {w}", w.upper()
+    elif skill == "count":
+        q, r = f"How many letters are in the word {w}?", str(len(w))
+    else:
+        q, r = f"Add {a} and {b}.", str(a + b)
+    rec = {"id": f"tiny-{i:04d}",
+           "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": r}],
+           "source": f"tiny/{skill}"}
+    return rec, skill
+
+
+@pytest.fixture(scope="session")
+def tiny_pool() -> list[dict]:
+    """64 schema-valid pool examples (4 skills x 16), deterministic."""
+    return [_tiny_example(i)[0] for i in range(64)]
+
+
+@pytest.fixture(scope="session")
+def tiny_pool_labels() -> dict[str, str]:
+    """id -> skill label of ``tiny_pool`` (what labels.parquet would hold)."""
+    return {rec["id"]: skill for rec, skill in map(_tiny_example, range(64))}
+
+
+@pytest.fixture(scope="session")
+def tiny_pool_path(tmp_path_factory, tiny_pool) -> Path:
+    """``tiny_pool`` written as pool.jsonl."""
+    from clusterft.io import write_jsonl
+
+    p = tmp_path_factory.mktemp("pool") / "pool.jsonl"
+    write_jsonl(p, tiny_pool)
+    return p

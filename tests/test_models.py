@@ -1,0 +1,159 @@
+"""Tokenizer, model building, pretraining, saving and model resolution on real tiny inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from clusterft.errors import InputError
+from clusterft.models import (DEFAULTS, build_model, count_params, load_tokenizer, read_corpus,
+                              resolve_model, run_base_model, run_tokenizer, train_tokenizer)
+
+from conftest import stdlib_text
+
+
+def test_tokenizer_roundtrip_and_special_ids(tiny_tokenizer_dir):
+    tok = load_tokenizer(tiny_tokenizer_dir)
+    assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<s>", "</s>", "<pad>")
+    assert len({tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}) == 3
+    assert tok.unk_token is None
+    assert len(tok) == 512
+    text = "def f(x):\n    return {'a': x ** 2}  # ünïcode ✓\n"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id and tok.bos_token_id not in ids[1:]
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    plain = tok(text, add_special_tokens=False)["input_ids"]
+    assert plain == ids[1:]
+    assert len(plain) < len(text.encode())  # BPE merged something
+
+
+def test_tokenizer_training_is_deterministic(tmp_path):
+    lines = stdlib_text(("textwrap",), 300)
+    a = train_tokenizer(lines, 400, tmp_path / "a", seed=0)
+    b = train_tokenizer(lines, 400, tmp_path / "b", seed=0)
+    assert a.get_vocab() == b.get_vocab()
+    assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
+
+
+def test_tokenizer_rejects_tiny_vocab(tmp_path):
+    with pytest.raises(InputError, match="vocab_size"):
+        train_tokenizer(["abc"], 100, tmp_path / "t")
+
+
+@pytest.fixture(scope="module")
+def default_vocab_tokenizer_dir(tmp_path_factory):
+    """A tokenizer with DEFAULTS['vocab_size'] tokens, as the real pipeline builds."""
+    tok_dir = tmp_path_factory.mktemp("tok2048") / "tok"
+    tok = train_tokenizer(stdlib_text(max_lines=4000), DEFAULTS["vocab_size"], tok_dir)
+    assert len(tok) == DEFAULTS["vocab_size"]
+    return tok_dir
+
+
+@pytest.mark.parametrize("size,lo,hi", [("small", 0.5e6, 1.0e6), ("large", 2e6, 5e6)])
+def test_param_counts_in_range(default_vocab_tokenizer_dir, size, lo, hi):
+    tok_dir = default_vocab_tokenizer_dir
+    tok = load_tokenizer(tok_dir)
+    model = build_model(tok_dir, DEFAULTS["sizes"][size], seed=0)
+    n = count_params(model)
+    assert lo <= n <= hi, n
+    assert model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert (model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id) == (
+        tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
+
+
+def test_build_model_is_seeded(tiny_tokenizer_dir):
+    from conftest import TINY_SIZE
+
+    a = build_model(tiny_tokenizer_dir, TINY_SIZE, seed=3)
+    b = build_model(tiny_tokenizer_dir, TINY_SIZE, seed=3)
+    c = build_model(tiny_tokenizer_dir, TINY_SIZE, seed=4)
+    wa, wb, wc = (m.model.embed_tokens.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+
+
+def test_tiny_model_dir_reloads_offline(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True)
+    assert model.config.pad_token_id == tok.pad_token_id
+    enc = tok(["def f(x):\n", "import os\n"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model(**enc)
+    assert out.logits.shape[:2] == enc["input_ids"].shape
+    gen = model.generate(**tok("def ", return_tensors="pt"), max_new_tokens=5, do_sample=False)
+    assert gen.shape[1] > 2
+
+
+def test_run_tokenizer_and_base_model(tmp_path, tiny_corpus_path):
+    """The stage functions: tokenizer + pretraining lowers the loss; saved dir reloads."""
+    from transformers import AutoModelForCausalLM
+
+    docs = read_corpus(tiny_corpus_path)
+    assert len(docs) >= 1
+    info = run_tokenizer(tiny_corpus_path, 600, tmp_path / "tok", seed=0)
+    assert info["vocab_size"] == 600
+    size = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "max_position_embeddings": 128}
+    m = run_base_model(tmp_path / "tok", tiny_corpus_path, size,
+                       {"steps": 40, "block_size": 64, "batch_size": 8, "warmup_steps": 4,
+                        "val_fraction": 0.05}, tmp_path / "base", seed=0)
+    assert m["final_loss"] < m["first_loss"] - 0.3
+    assert m["val_loss"] is not None and m["val_loss"] < m["first_loss"]
+    saved = json.loads((tmp_path / "base" / "pretrain_metrics.json").read_text())
+    assert saved["params"] == m["params"]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "base", local_files_only=True)
+    assert count_params(model) == m["params"]
+    tok = load_tokenizer(tmp_path / "base")
+    assert tok.model_max_length == 128
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes cleaned up
+
+
+def test_read_corpus_errors(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        read_corpus(tmp_path / "missing.txt")
+    (tmp_path / "empty.txt").write_text("\n\n\n")
+    with pytest.raises(InputError, match="empty"):
+        read_corpus(tmp_path / "empty.txt")
+    (tmp_path / "bad.txt").write_bytes(b"ok\xff\xfe")
+    with pytest.raises(InputError, match="UTF-8"):
+        read_corpus(tmp_path / "bad.txt")
+
+
+def test_resolve_model(tmp_path, tiny_model_dir):
+    assert resolve_model(str(tiny_model_dir)) == str(tiny_model_dir)
+    with pytest.raises(InputError, match="models.small.path"):
+        resolve_model("meta-llama/Llama-2-7b-hf", field="models.small.path")
+    assert resolve_model("meta-llama/Llama-2-7b-hf", allow_downloads=True) == "meta-llama/Llama-2-7b-hf"
+    (tmp_path / "notamodel").mkdir()
+    with pytest.raises(InputError, match="config.json"):
+        resolve_model(str(tmp_path / "notamodel"))
+
+
+def test_run_model_from_config_sections(tmp_path, tiny_corpus_path, tiny_model_dir):
+    """The config-section forms: tokenizer {source, vocab_size}; models.<name> build | path | hub."""
+    from clusterft.models import run_model
+
+    info = run_tokenizer(tiny_corpus_path, {"source": "build", "vocab_size": 520}, tmp_path / "tok",
+                         seed=0)
+    assert info["vocab_size"] == 520 and len(load_tokenizer(tmp_path / "tok")) == 520
+    size = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    m = run_model(tmp_path / "tok", tiny_corpus_path,
+                  {"source": "build", "size": size, "pretrain": {"steps": 3, "block_size": 32,
+                                                                "batch_size": 2, "val_fraction": 0}},
+                  tmp_path / "built", seed=0, name="tiny", threads=1)
+    assert m["steps"] == 3 and (tmp_path / "built" / "model.safetensors").exists()
+    run_model(tmp_path / "tok", tiny_corpus_path, {"source": "path", "path": str(tiny_model_dir)},
+              tmp_path / "copied", name="local")
+    assert (tmp_path / "copied" / "config.json").read_text() == (tiny_model_dir / "config.json").read_text()
+    with pytest.raises(InputError, match="models.big.hub_id"):
+        run_model(tmp_path / "tok", tiny_corpus_path, {"source": "hub", "hub_id": "org/model"},
+                  tmp_path / "hub", name="big")
+    with pytest.raises(InputError, match="tokenizer.hub_id"):
+        run_tokenizer(tiny_corpus_path, {"source": "hub", "hub_id": "org/model"}, tmp_path / "t2")
+    with pytest.raises(InputError, match="unknown model size"):
+        run_model(tmp_path / "tok", tiny_corpus_path, {"size": "huge"}, tmp_path / "x", name="x")
+    assert not (tmp_path / "hub").exists() and not (tmp_path / "x").exists()

@@ -1,0 +1,163 @@
+"""Fine-tuning: real 2-rank torchrun runs, single-process loss/determinism, LoRA merge, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from clusterft.errors import InputError
+from clusterft.io import write_parquet
+from clusterft.train import parse_config_arg, run_train, train_config
+
+BASE_CFG = {"batch_size": 4, "epochs": 1, "max_length": 64, "lr": 3e-3, "log_every": 1}
+
+
+def make_selection(path: Path, pool: list[dict], n: int, k: int = 4) -> Path:
+    """The first n pool ids, cluster = skill index (as a selection stage would write it)."""
+    rows = [{"id": r["id"], "cluster": i % k, "score": float(i)} for i, r in enumerate(pool)][:n]
+    write_parquet(path, pd.DataFrame(rows))
+    return path
+
+
+def weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def reload(model_dir: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return (AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True),
+            AutoTokenizer.from_pretrained(model_dir, local_files_only=True))
+
+
+def torchrun(nproc: int, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "clusterft.train", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.parametrize("distribution", ["random", "balanced"])
+def test_two_rank_torchrun(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path, distribution):
+    n, bs, epochs = 37, 4, 2
+    sel = make_selection(tmp_path / "sel.parquet", tiny_pool, n)
+    cfg = {**BASE_CFG, "batch_size": bs, "epochs": epochs}
+    out, met = tmp_path / "model", tmp_path / "train_metrics.json"
+    r = torchrun(2, ["--model", str(tiny_model_dir), "--pool", str(tiny_pool_path), "--selection", str(sel),
+                     "--out", str(out), "--metrics", str(met), "--distribution", distribution,
+                     "--seed", "1", "--config", json.dumps(cfg)], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads(met.read_text())
+    steps = math.ceil(n / (bs * 2)) * epochs
+    assert m["world_size"] == 2 and m["distribution"] == distribution
+    assert m["steps"] == steps == len(m["per_rank_tokens_per_step"]) == len(m["padded_tokens_per_step"])
+    assert m["examples"] == n and m["epochs"] == epochs
+    assert all(len(row) == 2 for row in m["per_rank_tokens_per_step"])
+    assert m["tokens"] == sum(map(sum, m["per_rank_tokens_per_step"]))
+    # every example seen once per epoch: real tokens >= the selection's tokens x epochs
+    # (sampler padding may repeat a few), each rank's padded >= real tokens
+    from clusterft.models import load_tokenizer
+    from clusterft.tokenize import encode_records
+
+    tok = load_tokenizer(tiny_model_dir)
+    sel_ids = set(pd.read_parquet(sel)["id"])
+    encs, _ = encode_records(tok, [r for r in tiny_pool if r["id"] in sel_ids], cfg["max_length"])
+    lens = sorted(e["length"] for e in encs)
+    need = sum(lens) * epochs
+    pad_extra = (steps // epochs * bs * 2 - n) * epochs  # duplicated examples at most
+    assert need <= m["tokens"] <= need + pad_extra * lens[-1]
+    for real, padded in zip(m["per_rank_tokens_per_step"], m["padded_tokens_per_step"]):
+        assert all(p >= t > 0 for t, p in zip(real, padded))
+    assert m["wall_time_s"] > 0 and m["total_time_s"] >= m["wall_time_s"]
+    assert np.isfinite(m["final_loss"]) and len(m["loss_curve"]) == steps
+    model, tok2 = reload(out)
+    assert tok2.pad_token_id == model.config.pad_token_id
+    base = weights(tiny_model_dir)
+    assert any(not torch.equal(base[k], v) for k, v in weights(out).items())
+
+
+def run_single(tmp_path: Path, model_dir, pool_path, pool, name: str, cfg: dict, seed: int = 0,
+               n: int = 32) -> tuple[dict, Path]:
+    sel = make_selection(tmp_path / f"{name}.parquet", pool, n)
+    out, met = tmp_path / name, tmp_path / f"{name}.json"
+    m = run_train(model_dir, pool_path, sel, out, met, "random", seed, cfg)
+    assert json.loads(met.read_text())["steps"] == m["steps"]
+    return m, out
+
+
+def test_single_process_loss_decreases(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
+    cfg = {**BASE_CFG, "epochs": 6, "lr": 5e-3}
+    m, out = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "a", cfg)
+    assert m["world_size"] == 1 and m["steps"] == math.ceil(32 / 4) * 6
+    assert m["epoch_losses"][-1] < 0.8 * m["epoch_losses"][0], m["epoch_losses"]
+    assert all(len(r) == 1 for r in m["per_rank_tokens_per_step"])
+
+
+def test_same_seed_same_weights(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
+    cfg = {**BASE_CFG, "epochs": 1}
+    _, a = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "a", cfg, seed=5, n=16)
+    _, b = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "b", cfg, seed=5, n=16)
+    _, c = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "c", cfg, seed=6, n=16)
+    wa, wb, wc = weights(a), weights(b), weights(c)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(not torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_lora_saves_merged_plain_model(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
+    cfg = {**BASE_CFG, "finetune": "lora", "lr": 1e-2,
+           "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}}
+    m, out = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "lora", cfg, n=16)
+    assert m["finetune"] == "lora"
+    files = {p.name for p in out.iterdir()}
+    assert "adapter_config.json" not in files and "model.safetensors" in files
+    base, tuned = weights(tiny_model_dir), weights(out)
+    assert set(base) == set(tuned)  # same plain parameter names, no lora_A/lora_B
+    changed = {k for k in base if not torch.equal(base[k], tuned[k])}
+    assert changed and all("q_proj" in k or "v_proj" in k for k in changed)
+    model, _ = reload(out)
+    assert type(model).__name__ == "LlamaForCausalLM"
+
+
+def test_checkpoint_resume_matches_uninterrupted(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
+    cfg = {**BASE_CFG, "epochs": 2, "checkpoint_every": 3}
+    n = 20  # 5 steps per epoch: the checkpoint at step 3 is mid-epoch
+    _, full = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "full", cfg, seed=2, n=n)
+    assert not Path(str(full) + ".ckpt").exists()  # removed when training completes
+    part, out = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "res",
+                           {**cfg, "max_steps": 7}, seed=2, n=n)
+    assert part["stopped_early"] and part["steps"] == 7
+    assert (Path(str(out) + ".ckpt") / "state.pt").exists()
+    done, out2 = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "res", cfg, seed=2, n=n)
+    assert done["resumed_from_step"] == 7 and done["steps"] == 10 and not done["stopped_early"]
+    assert len(done["per_rank_tokens_per_step"]) == 10
+    wf, wr = weights(full), weights(out2)
+    assert all(torch.allclose(wf[k], wr[k], atol=1e-6) for k in wf)
+
+
+def test_bad_inputs(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
+    sel = make_selection(tmp_path / "s.parquet", tiny_pool, 8)
+    with pytest.raises(InputError, match="train.epoch"):
+        train_config({"epoch": 3})
+    with pytest.raises(InputError, match="finetune"):
+        train_config({"finetune": "qlora"})
+    bad = tmp_path / "bad.parquet"
+    write_parquet(bad, pd.DataFrame({"id": ["nope"], "cluster": [0], "score": [0.0]}))
+    with pytest.raises(InputError, match="nope"):
+        run_train(tiny_model_dir, tiny_pool_path, bad, tmp_path / "o", tmp_path / "m.json", "random", 0, BASE_CFG)
+    with pytest.raises(InputError, match="model"):
+        run_train(tmp_path / "missing", tiny_pool_path, sel, tmp_path / "o", tmp_path / "m.json", "random", 0)
+    assert parse_config_arg('{"epochs": 2}') == {"epochs": 2}
+    y = tmp_path / "c.yaml"
+    y.write_text("train:\n  epochs: 4\nother: 1\n")
+    assert parse_config_arg(str(y)) == {"epochs": 4}

@@ -1,0 +1,117 @@
+"""Shared tokenisation of pool examples for training and scoring.
+
+An example is ``<s> prompt response </s>`` with labels -100 on ``<s>`` and the prompt, so
+the loss is on the response tokens and EOS only. Prompt and response are tokenised
+separately (the prompt format ends with a newline, so BPE never merges across the
+boundary) and concatenated.
+
+Truncation policy when the example is longer than ``max_length``:
+- ``truncate``: keep the prompt whole if at least one response token still fits and cut
+  the response (and EOS) at the right. If the prompt leaves no room, the response keeps
+  up to ``max_length // 2`` tokens and the prompt is cut at the LEFT after ``<s>`` (its
+  end, ``### Response:``, is what the model needs to see last).
+- ``reject``: return ``None``; the caller drops the example and counts it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .errors import InputError
+from .prompt import render_example
+
+IGNORE_INDEX = -100
+POLICIES = ("truncate", "reject")
+
+
+def check_messages(messages, where: str | None = None, line: int | None = None) -> None:
+    """Raise InputError unless messages is a list ending with one assistant message."""
+    if not isinstance(messages, list) or not messages:
+        raise InputError("messages must be a non-empty list", path=where, line=line, field="messages")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in (
+                "user", "assistant", "system"):
+            raise InputError("each message needs role user|assistant|system and string content",
+                             path=where, line=line, field="messages")
+    if messages[-1]["role"] != "assistant":
+        raise InputError("the last message must be the assistant's", path=where, line=line,
+                         field="messages")
+
+
+def encode_example(tokenizer, messages: list[dict], max_length: int,
+                   policy: str = "truncate") -> dict | None:
+    """Tokenise one example; returns dict(input_ids, labels, length, truncated) or None.
+
+    ``None`` only under ``policy='reject'`` when the example is longer than ``max_length``.
+    """
+    if policy not in POLICIES:
+        raise InputError(f"unknown truncation policy '{policy}' ({'|'.join(POLICIES)})",
+                         field="truncation")
+    if max_length < 4:
+        raise InputError(f"max_length must be >= 4, got {max_length}", field="max_length")
+    check_messages(messages)
+    prompt, response = render_example(messages)
+    p_ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    if not p_ids or p_ids[0] != tokenizer.bos_token_id:  # tokenizer without a BOS template
+        p_ids = [tokenizer.bos_token_id] + p_ids
+    r_ids = list(tokenizer(response, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+    truncated = len(p_ids) + len(r_ids) > max_length
+    if truncated:
+        if policy == "reject":
+            return None
+        room = max_length - len(p_ids)
+        if room >= 1:
+            r_ids = r_ids[:room]
+        else:
+            keep_r = min(len(r_ids), max_length // 2)
+            r_ids = r_ids[:keep_r]
+            keep_p = max_length - keep_r
+            p_ids = p_ids[:1] + p_ids[len(p_ids) - (keep_p - 1):]
+    input_ids = p_ids + r_ids
+    labels = [IGNORE_INDEX] * len(p_ids) + r_ids
+    return {"input_ids": input_ids, "labels": labels, "length": len(input_ids),
+            "truncated": truncated}
+
+
+def encode_records(tokenizer, records: Sequence[dict], max_length: int,
+                   policy: str = "truncate") -> tuple[list[dict], list[int]]:
+    """Encode pool records; returns (encoded kept examples, indices of rejected ones)."""
+    kept, rejected = [], []
+    for i, rec in enumerate(records):
+        enc = encode_example(tokenizer, rec["messages"], max_length, policy)
+        if enc is None:
+            rejected.append(i)
+        else:
+            enc["id"] = rec.get("id")
+            kept.append(enc)
+    return kept, rejected
+
+
+class Collator:
+    """Pad a list of encoded examples to the longest one (right padding).
+
+    Returns input_ids (pad id), labels (-100 on padding) and attention_mask, as int64
+    tensors of shape [batch, longest].
+    """
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = int(pad_id)
+
+    def __call__(self, batch: Sequence[dict]) -> dict[str, torch.Tensor]:
+        n = max(len(b["input_ids"]) for b in batch)
+        ids = torch.full((len(batch), n), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), n), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros((len(batch), n), dtype=torch.long)
+        for i, b in enumerate(batch):
+            k = len(b["input_ids"])
+            ids[i, :k] = torch.as_tensor(b["input_ids"], dtype=torch.long)
+            labels[i, :k] = torch.as_tensor(b["labels"], dtype=torch.long)
+            mask[i, :k] = 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def collate(batch: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Functional form of :class:`Collator`."""
+    return Collator(pad_id)(batch)
