@@ -1,0 +1,232 @@
+"""evaluate.py: task YAMLs, and lm-eval end to end on a tiny real model checked against a
+direct transformers computation (log-likelihood argmax for multiple choice, greedy decoding
+for generation)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clusterft.errors import InputError
+from clusterft.evaluate import DEFAULTS, run_evaluate, write_task_yamls
+from clusterft.io import set_offline_env, write_jsonl
+from clusterft.prompt import render_prompt
+
+set_offline_env()
+
+WORDS = ("alpha beta gamma delta sort list reverse count upper lower split join fever "
+         "patient chapter code").split()
+STOPS = DEFAULTS["stop_sequences"]
+MAX_GEN = 8
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir) -> str:
+    """conftest's tiny pretrained Llama + byte-level BPE tokenizer (bos <s>, eos </s>)."""
+    return str(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def random_model_dir(tiny_model_dir, tmp_path_factory) -> str:
+    """The tiny model's config and tokenizer with fresh, large random weights: its greedy
+    answers vary, where the pretrained one always answers "\n" (empty after stripping)."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    out = tmp_path_factory.mktemp("random_model")
+    cfg = AutoConfig.from_pretrained(tiny_model_dir)
+    cfg.initializer_range = 0.5  # large weights: clear argmax margins
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
+    for f in Path(tiny_model_dir).iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, out / f.name)
+    return str(out)
+
+
+def _load(model_dir: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(model_dir)
+
+
+def _prompts(n: int, seed: int) -> list[str]:
+    import random
+    rng = random.Random(seed)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for _ in range(n)]
+    return [render_prompt([{"role": "user", "content": t}]) for t in texts]
+
+
+def _choice_logliks(model, tok, prompt: str, choices: list[str]) -> list[float]:
+    """Sum of log p(choice tokens | BOS + prompt), choice right after the prompt."""
+    import torch
+    out = []
+    ctx = tok(prompt)["input_ids"]
+    for c in choices:
+        ids = tok(prompt + c)["input_ids"]
+        assert ids[:len(ctx)] == ctx  # the choice starts a new token
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0], -1)
+        out.append(float(sum(logp[i - 1, ids[i]] for i in range(len(ctx), len(ids)))))
+    return out
+
+
+def _greedy(model, tok, prompt: str) -> str:
+    """Greedy continuation, cut at the first stop sequence and stripped."""
+    import torch
+    ids = torch.tensor([tok(prompt)["input_ids"]])
+    with torch.no_grad():
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_GEN,
+                             do_sample=False, pad_token_id=tok.pad_token_id)
+    text = tok.decode(gen[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+    for s in STOPS:
+        text = text.split(s)[0]
+    return text.strip()
+
+
+def _write_bench(bench: Path, hf, generation: bool = True) -> tuple[float, float]:
+    """A 10-item MC task and a 10-item generation task whose expected scores are known:
+    MC labels are the model's own argmax for 7 items and another choice for 3 (acc 0.7);
+    generation answers are the model's own greedy output for 6 items, a wrong string for 4
+    (exact match 0.6)."""
+    model, tok = hf
+    mc = []
+    for i, p in enumerate(_prompts(10, 1)):
+        choices = [WORDS[(i + k) % len(WORDS)] for k in range(4)]
+        ll = _choice_logliks(model, tok, p, choices)
+        best = max(range(4), key=ll.__getitem__)
+        mc.append({"id": f"mc-{i}", "prompt": p, "choices": choices,
+                   "label": best if i < 7 else (best + 1) % 4})
+    write_jsonl(bench / "mc_task.jsonl", mc)
+    if generation:
+        gen = []
+        for i, p in enumerate(_prompts(10, 2)):
+            out = _greedy(model, tok, p)
+            gen.append({"id": f"gen-{i}", "prompt": p,
+                        "answer": out if i < 6 else out + "#wrong"})
+        assert sum(bool(g["answer"]) for g in gen[:6]) >= 4, "greedy answers too often empty"
+        write_jsonl(bench / "gen_task.jsonl", gen)
+    return 0.7, 0.6
+
+
+def test_end_to_end_matches_direct_computation(tmp_path, random_model_dir):
+    bench = tmp_path / "bench"
+    exp_mc, exp_gen = _write_bench(bench, _load(random_model_dir))
+    out = tmp_path / "eval" / "results.json"
+    cfg = {"batch_size": 1, "max_gen_toks": MAX_GEN, "num_threads": 1}
+    res = run_evaluate(random_model_dir, ["mc_task", "gen_task"], bench, cfg, out,
+                       tmp_path / "tasks", seed=0)
+    on_disk = json.loads(out.read_text())
+    assert on_disk["tasks"] == res["tasks"]
+    assert set(on_disk["tasks"]) == {"mc_task", "gen_task"}
+    mc, gen = on_disk["tasks"]["mc_task"], on_disk["tasks"]["gen_task"]
+    assert (mc["metric"], mc["n"]) == ("acc", 10)
+    assert (gen["metric"], gen["n"]) == ("exact_match", 10)
+    assert mc["value"] == pytest.approx(exp_mc, abs=1e-9)
+    assert gen["value"] == pytest.approx(exp_gen, abs=1e-9)
+    assert on_disk["average"] == pytest.approx((exp_mc + exp_gen) / 2)
+    for t in (mc, gen):
+        assert 0 < t["stderr"] < 1
+    raw = json.loads((out.parent / "results.lm_eval.json").read_text())
+    assert raw["results"]["mc_task"]["acc,none"] == pytest.approx(exp_mc)
+    assert raw["pretty_env_info"].startswith("skipped") and raw["lm_eval_version"]
+    assert sorted(p.name for p in (tmp_path / "tasks").glob("*.yaml")) == ["gen_task.yaml",
+                                                                          "mc_task.yaml"]
+
+
+def test_batched_and_limited_run(tmp_path, model_dir):
+    """On the pretrained tiny model, batch size 4 gives the MC accuracy of the direct
+    computation (right padding only); limit caps n."""
+    bench = tmp_path / "bench"
+    exp_mc, _ = _write_bench(bench, _load(model_dir), generation=False)
+    out = tmp_path / "r.json"
+    res = run_evaluate(model_dir, ["mc_task"], bench, {"batch_size": 4, "num_threads": 1}, out,
+                       tmp_path / "tasks")
+    assert res["tasks"]["mc_task"]["value"] == pytest.approx(exp_mc)
+    res = run_evaluate(model_dir, ["mc_task"], bench, {"limit": 3, "num_threads": 1}, out,
+                       tmp_path / "tasks")
+    assert res["tasks"]["mc_task"]["n"] == 3
+
+
+def test_lm_eval_adds_exactly_one_bos(model_dir):
+    from lm_eval.models.huggingface import HFLM
+    lm = HFLM(pretrained=model_dir, device="cpu", batch_size=1)
+    bos = lm.tokenizer.bos_token_id
+    prompt = _prompts(1, 3)[0]
+    enc = lm.tok_encode(prompt)
+    assert enc[0] == bos and enc.count(bos) == 1
+    ctx, cont = lm._encode_pair(prompt, "alpha")
+    assert ctx[0] == bos and (ctx + cont).count(bos) == 1
+    ids, _ = lm.tok_batch_encode([prompt, prompt + " beta"])
+    assert [row.tolist().count(bos) for row in ids] == [1, 1]
+
+
+def _items(tmp_path: Path) -> Path:
+    bench = tmp_path / "bench"
+    write_jsonl(bench / "mc.jsonl", [{"id": "a", "prompt": "### Instruction:\n1\n\n### Response:\n",
+                                      "choices": ["x", "y"], "label": 1}])
+    write_jsonl(bench / "gen.jsonl", [{"id": "b", "prompt": "12\n", "answer": "[1, 2]"}])
+    return bench
+
+
+def test_task_yamls_absolute_paths_and_types(tmp_path, monkeypatch):
+    bench = _items(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    paths = write_task_yamls([{"name": "mc", "output_type": "multiple_choice"},
+                              {"name": "gen", "output_type": "generate_until"}],
+                             "bench", "tasks", {"max_gen_toks": 5})
+    mc, gen = (yaml.safe_load(Path(p).read_text()) for p in paths)
+    for doc, name in ((mc, "mc"), (gen, "gen")):
+        data = doc["dataset_kwargs"]["data_files"]["test"]
+        assert os.path.isabs(data) and Path(data) == (bench / f"{name}.jsonl").resolve()
+        assert doc["task"] == name and doc["dataset_path"] == "json"
+        assert doc["test_split"] == "test" and doc["unsafe_code"] is False
+    assert mc["output_type"] == "multiple_choice" and mc["metric_list"][0]["metric"] == "acc"
+    assert gen["output_type"] == "generate_until"
+    assert gen["generation_kwargs"] == {"until": STOPS, "do_sample": False, "max_gen_toks": 5}
+    assert gen["metric_list"][0]["metric"] == "exact_match"
+
+    # lm-eval reads them as intended: text and targets pass through untouched (a "[1, 2]"
+    # answer stays a string, a digit-only prompt is not turned into an int).
+    from lm_eval.tasks import TaskManager
+    tasks = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False
+                        ).load(["mc", "gen"])["tasks"]
+    mdoc = next(iter(tasks["mc"].test_docs()))
+    gdoc = next(iter(tasks["gen"].test_docs()))
+    assert tasks["mc"].doc_to_text(mdoc).endswith("### Response:\n")
+    assert tasks["mc"].doc_to_target(mdoc) == 1 and tasks["mc"].doc_to_choice(mdoc) == ["x", "y"]
+    assert tasks["gen"].doc_to_text(gdoc) == "12\n"
+    assert tasks["gen"].doc_to_target(gdoc) == "[1, 2]"
+
+
+def test_output_type_inferred_without_registry(tmp_path):
+    bench = _items(tmp_path)
+    paths = write_task_yamls(["mc", "gen"], bench, tmp_path / "t")
+    types = [yaml.safe_load(Path(p).read_text())["output_type"] for p in paths]
+    assert types == ["multiple_choice", "generate_until"]
+
+
+def test_bad_items_name_file_line_field(tmp_path):
+    bench = tmp_path / "bench"
+    write_jsonl(bench / "mc.jsonl", [{"id": "a", "prompt": "p", "choices": ["x", "y"], "label": 0},
+                                     {"id": "b", "prompt": "p", "choices": ["x", "y"], "label": 2}])
+    with pytest.raises(InputError, match=r"mc\.jsonl, line 2, field 'label'"):
+        write_task_yamls([{"name": "mc", "output_type": "multiple_choice"}], bench, tmp_path / "t")
+    with pytest.raises(InputError, match="unknown evaluate config keys"):
+        write_task_yamls(["mc"], bench, tmp_path / "t", {"batchsize": 3})
+
+
+def test_unsafe_code_needs_confirmation(tmp_path, model_dir):
+    bench = _items(tmp_path)
+    spec = {"name": "gen", "output_type": "generate_until", "unsafe_code": True}
+    (path,) = write_task_yamls([spec], bench, tmp_path / "t")
+    assert yaml.safe_load(Path(path).read_text())["unsafe_code"] is True
+    with pytest.raises(InputError, match="confirm_run_unsafe_code"):
+        run_evaluate(model_dir, [spec], bench, {}, tmp_path / "r.json", tmp_path / "t")

@@ -1,0 +1,196 @@
+"""report.py on synthetic result files: table values, ratios, plots, findings verdicts."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from clusterft.errors import InputError
+from clusterft.report import (DEFAULTS, accuracy_table, findings_text, imbalance, load_runs,
+                              run_report, time_table, to_markdown)
+
+TASKS = ["mc_task", "gen_task"]
+SPECS = {"mc_task": {"name": "mc_task", "chance": 0.25},
+         "gen_task": {"name": "gen_task", "chance": 0.0}}
+
+
+def _eval(path: Path, values: dict[str, float]) -> str:
+    tasks = {t: {"metric": "acc", "value": v, "stderr": 0.01, "n": 200} for t, v in values.items()}
+    path.write_text(json.dumps({"tasks": tasks, "average": float(np.mean(list(values.values())))}))
+    return str(path)
+
+
+def _train(path: Path, wall: float, tokens: int, steps: int, per_rank: list) -> str:
+    path.write_text(json.dumps({"wall_time_s": wall, "steps": steps, "epochs": 3, "tokens": tokens,
+                                "examples": 100, "world_size": len(per_rank[0]),
+                                "distribution": "balanced", "per_rank_tokens_per_step": per_rank,
+                                "final_loss": 1.0, "loss_curve": [2.0, 1.0]}))
+    return str(path)
+
+
+def make_runs(tmp: Path, acc: dict[str, tuple[float, float]], seeds=(0, 1)) -> list[dict]:
+    """Runs of one dataset/model. acc[method@budget] = (mc value, gen value) for seed 0;
+    seed s adds 0.02 * s to both. Time runs: cluster 31% at 2/4 GPUs x balanced/random."""
+    runs = []
+    for key, (mc, gen) in acc.items():
+        method, budget = key.split("@")
+        for s in seeds:
+            d = {"mc_task": mc + 0.02 * s, "gen_task": gen + 0.02 * s}
+            ev = _eval(tmp / f"ev_{method}_{budget}_{s}.json", d)
+            rec = {"dataset": "ds", "model": "small", "method": method, "budget": float(budget),
+                   "gpus": 2, "distribution": "balanced", "seed": s, "eval_json": ev}
+            if method == "base":
+                rec.update(gpus=None, distribution=None, train_metrics_json=None)
+            else:
+                wall = (100.0 if method == "full" else 100.0 * float(budget)) + s
+                rec["train_metrics_json"] = _train(tmp / f"tm_{method}_{budget}_{s}.json", wall,
+                                                   int(1000 * float(budget)), 10,
+                                                   [[10, 30], [20, 20]])
+            runs.append(rec)
+    for gpus in (2, 4):
+        for dist, wall, per_rank in (("balanced", 30.0, [[20] * gpus]),
+                                     ("random", 40.0, [[10] * (gpus - 1) + [30]])):
+            if gpus == 2 and dist == "balanced":
+                continue  # that one is the accuracy run above
+            runs.append({"dataset": "ds", "model": "small", "method": "cluster", "budget": 0.31,
+                         "gpus": gpus, "distribution": dist, "seed": 0, "eval_json": "",
+                         "train_metrics_json": _train(tmp / f"tm_t_{gpus}_{dist}.json",
+                                                      wall + gpus, 310, 5, per_rank)})
+    return runs
+
+
+GOOD = {"base@0": (0.25, 0.0), "full@1.0": (0.60, 0.40), "random@0.31": (0.45, 0.20),
+        "cluster@0.31": (0.59, 0.40), "random@0.5": (0.50, 0.30), "cluster@0.5": (0.55, 0.35)}
+
+
+def test_accuracy_table_means_and_std(tmp_path):
+    runs = make_runs(tmp_path, GOOD)
+    df, tasks = load_runs(runs)
+    assert tasks == TASKS
+    acc = accuracy_table(df, tasks)
+    assert len(acc) == len(GOOD)
+    assert list(acc["method"].iloc[:2]) == ["base", "full"]  # base, full, random, cluster
+    r = acc[(acc["method"] == "cluster") & (acc["fraction"] == 0.31)].iloc[0]
+    seed_avgs = [np.mean([0.59 + 0.02 * s, 0.40 + 0.02 * s]) for s in (0, 1)]
+    assert r["n_seeds"] == 2 and r["n_runs"] == 2
+    assert r["average_mean"] == pytest.approx(np.mean(seed_avgs))
+    assert r["average_std"] == pytest.approx(np.std(seed_avgs, ddof=1))
+    assert r["mc_task_mean"] == pytest.approx(0.60)
+    assert r["gen_task_std"] == pytest.approx(np.std([0.40, 0.42], ddof=1))
+    base = acc[acc["method"] == "base"].iloc[0]
+    assert base["fraction"] == 0.0 and base["average_mean"] == pytest.approx(0.135)
+
+
+def test_same_seed_runs_count_once(tmp_path):
+    runs = make_runs(tmp_path, {"full@1.0": (0.6, 0.4)}, seeds=(0,))
+    extra = dict(runs[0], gpus=4, eval_json=_eval(tmp_path / "x.json",
+                                                   {"mc_task": 0.8, "gen_task": 0.6}))
+    df, tasks = load_runs(runs + [extra])
+    r = accuracy_table(df, tasks).iloc[0]
+    assert r["n_seeds"] == 1 and r["n_runs"] == 2
+    assert r["average_mean"] == pytest.approx((0.5 + 0.7) / 2)
+    assert math.isnan(r["average_std"])
+
+
+def test_time_table_ratio_and_imbalance(tmp_path):
+    df, _ = load_runs(make_runs(tmp_path, GOOD))
+    tt = time_table(df)
+    full = tt[(tt["method"] == "full") & (tt["gpus"] == 2)].iloc[0]
+    assert full["wall_time_s_mean"] == pytest.approx(100.5)
+    assert full["ratio_to_full"] == pytest.approx(1.0)
+    c = tt[(tt["method"] == "cluster") & (tt["fraction"] == 0.31) & (tt["gpus"] == 2)
+           & (tt["distribution"] == "balanced")].iloc[0]
+    assert c["wall_time_s_mean"] == pytest.approx(31.5)
+    assert c["ratio_to_full"] == pytest.approx(31.5 / 100.5)
+    assert c["imbalance_mean"] == pytest.approx((30 / 20 + 1.0) / 2)
+    r4 = tt[(tt["gpus"] == 4) & (tt["distribution"] == "random")].iloc[0]
+    assert r4["imbalance_mean"] == pytest.approx(30 / 15)
+    assert math.isnan(r4["ratio_to_full"])  # no full run at 4 GPUs
+    assert not (tt["method"] == "base").any()
+
+
+def test_imbalance():
+    assert imbalance([[5, 5, 5], [0, 0, 0]]) == 1.0
+    assert imbalance([[1, 3]]) == pytest.approx(1.5)
+    assert math.isnan(imbalance([]))
+
+
+def test_findings_follow_the_numbers(tmp_path):
+    df, tasks = load_runs(make_runs(tmp_path, GOOD))
+    text = findings_text(accuracy_table(df, tasks), time_table(df))
+    lines = {ln.split("**")[1]: ln for ln in text.splitlines() if ln.startswith("- **")}
+    assert len(lines) == 4
+    near, beat, tred, bal = (lines[k] for k in sorted(lines, key=list(lines).index))
+    assert ": reproduced" in near and "+0.005" in near
+    assert "reproduced (difference beyond" in beat
+    assert ": reproduced" in tred and "ratio 0.31" in tred
+    assert ": reproduced" in bal  # balanced 30 s < random 40 s at 2 and 4 GPUs
+
+    bad = dict(GOOD, **{"cluster@0.31": (0.40, 0.15)})  # cluster now below random, far from full
+    sub = tmp_path / "bad"
+    sub.mkdir()
+    df2, tasks2 = load_runs(make_runs(sub, bad))
+    text2 = findings_text(accuracy_table(df2, tasks2), time_table(df2))
+    assert "not reproduced" in text2.split("Near-full")[1].splitlines()[0]
+    assert "not reproduced (random is better" in text2.split("Cluster > random")[1].splitlines()[0]
+
+
+def test_findings_missing_runs_say_so(tmp_path):
+    df, tasks = load_runs(make_runs(tmp_path, {"full@1.0": (0.6, 0.4)}))
+    text = findings_text(accuracy_table(df, tasks), time_table(df))
+    # near-full and cluster>random need a cluster eval; time reduction needs cluster and full
+    # at the same GPUs/distribution (the time runs have no full counterpart); balanced vs random
+    # has its pairs at 4 GPUs.
+    assert text.count("not evaluated") == 3
+    assert "not evaluated" not in text.split("Balanced distribution")[1]
+
+
+def test_run_report_writes_everything(tmp_path):
+    runs = make_runs(tmp_path, GOOD)
+    pd.DataFrame(runs).to_csv(tmp_path / "runs.csv", index=False)
+    out = run_report(tmp_path / "runs.csv", tmp_path / "tables", tmp_path / "plots", SPECS)
+    for name in ("accuracy_vs_data.csv", "accuracy_vs_data.md", "time.csv", "time.md",
+                 "findings.md"):
+        assert (tmp_path / "tables" / name).stat().st_size > 0
+    acc = pd.read_csv(tmp_path / "tables" / "accuracy_vs_data.csv")
+    assert {"average_mean", "average_std", "mc_task_mean", "fraction", "n_seeds"} <= set(acc)
+    md = (tmp_path / "tables" / "accuracy_vs_data.md").read_text().splitlines()
+    assert len(md) == 2 + len(GOOD)
+    row = next(ln for ln in md if "| cluster | 31% |" in ln)
+    mc = [0.59, 0.61]  # cluster 31% mc_task over seeds 0 and 1
+    assert f"| {np.mean(mc):.3f} ± {np.std(mc, ddof=1):.3f} |" in row
+    import matplotlib.image as mpimg
+    for p in out["plots"]:
+        assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert mpimg.imread(p).shape[0] > 100
+    assert sorted(Path(p).name for p in out["plots"]) == ["accuracy_vs_data_ds.png",
+                                                         "time_ds.png"]
+
+
+def test_bad_records_name_the_record_and_field(tmp_path):
+    with pytest.raises(InputError, match="run record 0.*field 'seed'"):
+        load_runs([{"dataset": "ds", "model": "m", "method": "full"}])
+    with pytest.raises(InputError, match="run record 0.*budget"):
+        load_runs([{"dataset": "ds", "model": "m", "method": "random", "seed": 0,
+                    "budget": 120}])
+    df, _ = load_runs([{"dataset": "ds", "model": "m", "method": "random", "seed": 0,
+                        "budget": 120, "pool_size": 1200}])
+    assert df["fraction"].iloc[0] == pytest.approx(0.1)
+    (tmp_path / "e.json").write_text('{"tasks": {"t": {"metric": "acc"}}}')
+    with pytest.raises(InputError, match="e.json.*tasks.t.value"):
+        load_runs([{"dataset": "ds", "model": "m", "method": "full", "seed": 0,
+                    "eval_json": str(tmp_path / "e.json")}])
+
+
+def test_to_markdown_escapes_and_formats():
+    md = to_markdown(pd.DataFrame({"a": ["x|y", "z"], "b": [0.12345, float("nan")]}))
+    assert md.splitlines() == ["| a | b |", "| --- | --- |", "| x\\|y | 0.123 |", "| z |  |"]
+
+
+def test_defaults_documented():
+    assert {"claim_budget", "near_full_tolerance"} <= set(DEFAULTS)

@@ -1,0 +1,363 @@
+"""Evaluate a trained model on the benchmark tasks with lm-eval (the `hf` model, offline).
+
+`write_task_yamls` turns benchmark item files into lm-eval task YAMLs (templates in
+`workflow/tasks/`, absolute data paths); `run_evaluate` runs every task of one model in a
+single `lm_eval.simple_evaluate` call and writes `results.json` in the design format
+(`{"tasks": {name: {metric, value, stderr, n}}, "average"}`) plus lm-eval's raw results
+beside it (`<stem>.lm_eval.json`).
+
+BOS: lm-eval's `hf` model with `add_bos_token` unset calls the tokenizer with its default
+`add_special_tokens=True`, so our tokenizer's post-processor prepends exactly one `<s>` to
+each context (and to the context+continuation pair, which lm-eval splits after the
+context's tokens); prompts never start with the `<s>` string, so lm-eval's "already has a
+BOS" shortcut never fires. Passing `add_bos_token=True` would not double it either (it only
+sets `add_special_tokens`). tests/test_evaluate.py checks the token ids.
+
+Context length: lm-eval reads `max_position_embeddings` from the model config; contexts
+longer than that (minus `max_gen_toks` for generation) are cut from the LEFT, losing the
+instruction. `run_evaluate` counts the prompts that do not fit and logs a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.metadata
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import yaml
+
+from .errors import InputError
+from .io import read_jsonl, set_offline_env, write_json, write_text
+
+log = logging.getLogger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    # Sequences per forward pass in lm-eval (log-likelihood and generation batches).
+    "batch_size": 32,
+    # Largest number of new tokens per generation item.
+    "max_gen_toks": 32,
+    # Generation stops at the first of these strings (lm-eval adds the EOS string too).
+    "stop_sequences": ["\n", "</s>", "###"],
+    # Items per task (int) or fraction (float < 1); null evaluates every item. For tests.
+    "limit": None,
+    # "auto" (cuda:0 when available, else cpu), "cpu" or a torch device string.
+    "device": "auto",
+    # Model weights dtype passed to lm-eval's hf model.
+    "dtype": "float32",
+    # Context length in tokens for lm-eval; null uses the model's max_position_embeddings.
+    "max_length": None,
+    # Torch CPU threads for the evaluation; null leaves torch's default.
+    "num_threads": None,
+    # Resamples for bootstrap standard errors (acc and exact_match use the closed form).
+    "bootstrap_iters": 1000,
+    # Allow tasks marked unsafe_code (they execute model-written code); off by default.
+    "confirm_run_unsafe_code": False,
+    # Let lm-eval record torch's collect_env report in the raw results (runs `pip list` and
+    # more in subprocesses: ~1-2 s per evaluation here); off records versions only.
+    "collect_env_info": False,
+    # Folder of task YAML templates; null uses workflow/tasks/ beside the package.
+    "templates_dir": None,
+    # Allow HF hub downloads (normally false: everything runs offline).
+    "allow_downloads": False,
+}
+
+METRIC = {"multiple_choice": "acc", "generate_until": "exact_match"}
+FILTER = {"multiple_choice": "none", "generate_until": "strip"}
+TEMPLATE = {"multiple_choice": "multiple_choice.yaml", "generate_until": "generate_until.yaml"}
+
+
+def merge_cfg(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return DEFAULTS overridden by cfg; unknown keys are an error."""
+    cfg = dict(cfg or {})
+    unknown = sorted(set(cfg) - set(DEFAULTS))
+    if unknown:
+        raise InputError(f"unknown evaluate config keys {unknown}; known: {sorted(DEFAULTS)}",
+                         field="evaluate")
+    return {**copy.deepcopy(DEFAULTS), **cfg}
+
+
+def _templates_dir(cfg: Mapping[str, Any]) -> Path:
+    if cfg.get("templates_dir"):
+        return Path(cfg["templates_dir"])
+    return Path(__file__).resolve().parents[1] / "tasks"
+
+
+def _spec_get(spec: Any, key: str, default: Any = None) -> Any:
+    if isinstance(spec, Mapping):
+        return spec.get(key, default)
+    return getattr(spec, key, default)
+
+
+def validate_items(path: Path, output_type: str) -> list[dict]:
+    """Read a benchmark JSONL file and check each item's fields for its output type."""
+    items = read_jsonl(path)
+    if not items:
+        raise InputError("benchmark file has no items", path=str(path))
+    for lineno, it in enumerate(items, start=1):
+        def bad(field: str, what: str) -> InputError:
+            return InputError(f"{what} (item id {it.get('id')!r})", path=str(path), line=lineno,
+                              field=field)
+        if not isinstance(it.get("prompt"), str) or not it["prompt"]:
+            raise bad("prompt", "must be a non-empty string")
+        if output_type == "multiple_choice":
+            ch = it.get("choices")
+            if not isinstance(ch, list) or len(ch) < 2 or not all(isinstance(c, str) for c in ch):
+                raise bad("choices", "must be a list of at least 2 strings")
+            lab = it.get("label")
+            if isinstance(lab, bool) or not isinstance(lab, int) or not 0 <= lab < len(ch):
+                raise bad("label", f"must be an int index into choices (0..{len(ch) - 1})")
+        elif output_type == "generate_until":
+            if not isinstance(it.get("answer"), str):
+                raise bad("answer", "must be a string")
+        else:
+            raise InputError(f"unknown output_type {output_type!r}; use multiple_choice or "
+                             "generate_until", path=str(path), field="output_type")
+    return items
+
+
+def infer_output_type(path: Path) -> str:
+    """Guess a task's output type from its first item (choices -> multiple_choice)."""
+    first = read_jsonl(path)[:1]
+    if not first:
+        raise InputError("benchmark file has no items", path=str(path))
+    return "multiple_choice" if "choices" in first[0] else "generate_until"
+
+
+def task_yaml(name: str, output_type: str, data_file: Path, cfg: Mapping[str, Any],
+              unsafe_code: bool = False) -> dict[str, Any]:
+    """Fill the template for one task; returns the YAML document as a dict."""
+    tpl_path = _templates_dir(cfg) / TEMPLATE[output_type]
+    if not tpl_path.exists():
+        raise InputError("task template not found; check evaluate.templates_dir",
+                         path=str(tpl_path))
+    doc = yaml.safe_load(tpl_path.read_text(encoding="utf-8"))
+    doc["task"] = name
+    doc["dataset_kwargs"]["data_files"]["test"] = str(Path(data_file).resolve())
+    doc["unsafe_code"] = bool(unsafe_code)
+    if output_type == "generate_until":
+        stops = list(cfg["stop_sequences"])
+        if not stops or not all(isinstance(s, str) and s for s in stops):
+            raise InputError("must be a non-empty list of non-empty strings",
+                             field="evaluate.stop_sequences")
+        doc["generation_kwargs"]["until"] = stops
+        doc["generation_kwargs"]["max_gen_toks"] = int(cfg["max_gen_toks"])
+    return doc
+
+
+def _resolve_specs(tasks: Iterable[Any], bench_dir: Path) -> list[dict[str, Any]]:
+    """Normalise task names / TaskSpecs / dicts to dicts with name, output_type, unsafe_code."""
+    try:
+        from .benchmarks import TASKS as registry  # noqa: N811
+    except ModuleNotFoundError as e:  # no registry module: infer the type from the items
+        if e.name != f"{__package__}.benchmarks":
+            raise
+        registry = {}
+    out = []
+    for t in tasks:
+        spec = registry.get(t) if isinstance(t, str) else t
+        name = t if isinstance(t, str) else _spec_get(t, "name")
+        if not name:
+            raise InputError(f"task {t!r} has no name", field="tasks")
+        data_file = Path(bench_dir) / f"{name}.jsonl"
+        otype = _spec_get(spec, "output_type") if spec is not None else None
+        otype = otype or infer_output_type(data_file)
+        if otype not in METRIC:
+            raise InputError(f"unknown output_type {otype!r}", field=f"tasks.{name}.output_type")
+        out.append({"name": name, "output_type": otype, "data_file": data_file,
+                    "unsafe_code": bool(_spec_get(spec, "unsafe_code", False))})
+    names = [s["name"] for s in out]
+    if len(set(names)) != len(names):
+        raise InputError(f"duplicate task names {names}", field="tasks")
+    return out
+
+
+def write_task_yamls(tasks: Iterable[Any], bench_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                     cfg: Mapping[str, Any] | None = None) -> list[str]:
+    """Write one lm-eval task YAML per task into out_dir; returns their paths.
+
+    `tasks`: task names (looked up in `clusterft.benchmarks.TASKS`, else the output type is
+    inferred from the items), TaskSpecs or dicts with `name`, `output_type` and optionally
+    `unsafe_code`. Items are validated; data paths in the YAMLs are absolute.
+    """
+    cfg = merge_cfg(cfg)
+    paths = []
+    for spec in _resolve_specs(tasks, Path(bench_dir)):
+        validate_items(spec["data_file"], spec["output_type"])
+        doc = task_yaml(spec["name"], spec["output_type"], spec["data_file"], cfg,
+                        spec["unsafe_code"])
+        path = Path(out_dir) / f"{spec['name']}.yaml"
+        write_text(path, yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+        paths.append(str(path))
+    return paths
+
+
+def summarize(raw: Mapping[str, Any], specs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Turn lm-eval's results dict into the design's results.json format."""
+    tasks = {}
+    for s in specs:
+        name, otype = s["name"], s["output_type"]
+        res = raw["results"].get(name)
+        if res is None:
+            raise RuntimeError(f"lm-eval returned no results for task {name!r}")
+        metric, filt = METRIC[otype], FILTER[otype]
+        value = res[f"{metric},{filt}"]
+        stderr = res.get(f"{metric}_stderr,{filt}")
+        stderr = float(stderr) if isinstance(stderr, (int, float)) else float("nan")
+        n = raw.get("n-samples", {}).get(name, {}).get("effective")
+        tasks[name] = {"metric": metric, "value": float(value), "stderr": stderr, "n": int(n)}
+    values = [t["value"] for t in tasks.values()]
+    return {"tasks": tasks, "average": float(sum(values) / len(values))}
+
+
+_DROP = object()
+
+
+def _jsonable(obj: Any) -> Any:
+    """Recursively keep what JSON can hold; numpy scalars become numbers, the rest is dropped."""
+    if isinstance(obj, Mapping):
+        out = {}
+        for k, v in obj.items():
+            v2 = _jsonable(v)
+            if v2 is not _DROP:
+                out[str(k)] = v2
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [x for x in (_jsonable(v) for v in obj) if x is not _DROP]
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        try:
+            return _jsonable(obj.item())
+        except (TypeError, ValueError):
+            return _DROP
+    return _DROP
+
+
+
+@contextlib.contextmanager
+def _light_env_info(enabled: bool) -> Iterator[None]:
+    """Unless enabled, replace lm-eval's add_env_info (torch collect_env) by version numbers."""
+    import lm_eval.evaluator as ev
+    if enabled:
+        yield
+        return
+
+    def add_versions(storage: dict[str, Any]) -> None:
+        import torch
+        import transformers
+        storage.update({"pretty_env_info": "skipped (evaluate.collect_env_info: false)",
+                        "torch_version": torch.__version__,
+                        "transformers_version": transformers.__version__,
+                        "lm_eval_version": importlib.metadata.version("lm_eval")})
+
+    original = ev.add_env_info
+    ev.add_env_info = add_versions
+    try:
+        yield
+    finally:
+        ev.add_env_info = original
+
+
+def _resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def check_context_lengths(model_dir: str, specs: list[dict[str, Any]], cfg: Mapping[str, Any]
+                          ) -> dict[str, int]:
+    """Count, per task, the prompts (+ longest choice or max_gen_toks) over the context length."""
+    from transformers import AutoConfig, AutoTokenizer
+    max_len = cfg.get("max_length") or getattr(AutoConfig.from_pretrained(model_dir),
+                                              "max_position_embeddings", None)
+    if not max_len:
+        return {}
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    over = {}
+    for s in specs:
+        items = read_jsonl(s["data_file"])
+        n = 0
+        for it in items:
+            need = len(tok(it["prompt"])["input_ids"])
+            if s["output_type"] == "multiple_choice":
+                need += max(len(tok(c, add_special_tokens=False)["input_ids"])
+                            for c in it["choices"])
+            else:
+                need += int(cfg["max_gen_toks"])
+            n += need > max_len
+        if n:
+            log.warning("task %s: %d of %d items exceed the context length %d; lm-eval will "
+                        "cut their prompts from the left", s["name"], n, len(items), max_len)
+        over[s["name"]] = n
+    return over
+
+
+def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any], bench_dir: str | os.PathLike,
+                 cfg: Mapping[str, Any] | None, out_json: str | os.PathLike,
+                 tasks_dir: str | os.PathLike, seed: int = 0) -> dict[str, Any]:
+    """Evaluate `model_dir` on `tasks` (one lm-eval call); write results.json and the raw results.
+
+    Returns the summary written to `out_json`. The raw lm-eval results (without per-sample
+    logs and non-JSON values) go to `<out_json stem>.lm_eval.json` beside it.
+    """
+    cfg = merge_cfg(cfg)
+    set_offline_env(cfg["allow_downloads"])
+    model_dir = str(Path(model_dir).resolve())
+    if not (Path(model_dir) / "config.json").exists():
+        raise InputError("not a model directory (no config.json)", path=model_dir)
+    if not tasks:
+        raise InputError("no tasks to evaluate", field="tasks")
+    specs = _resolve_specs(tasks, Path(bench_dir))
+    unsafe = [s["name"] for s in specs if s["unsafe_code"]]
+    if unsafe and not cfg["confirm_run_unsafe_code"]:
+        raise InputError(f"tasks {unsafe} execute model-written code; set "
+                         "evaluate.confirm_run_unsafe_code: true to run them",
+                         field="evaluate.confirm_run_unsafe_code")
+    write_task_yamls([{k: s[k] for k in ("name", "output_type", "unsafe_code")} for s in specs],
+                     bench_dir, tasks_dir, cfg)
+
+    import torch
+    if cfg["num_threads"]:
+        torch.set_num_threads(int(cfg["num_threads"]))
+    over = check_context_lengths(model_dir, specs, cfg)
+
+    t0 = time.perf_counter()
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    t_import = time.perf_counter() - t0
+
+    model_args: dict[str, Any] = {"pretrained": model_dir, "dtype": cfg["dtype"]}
+    if cfg["max_length"]:
+        model_args["max_length"] = int(cfg["max_length"])
+    # include_defaults=False: index only our YAMLs (no clash with built-in task names such
+    # as mbpp/humaneval, and no scan of lm-eval's thousands of task files).
+    tm = TaskManager(include_path=str(Path(tasks_dir).resolve()), include_defaults=False)
+    with _light_env_info(bool(cfg["collect_env_info"])):
+        raw = lm_eval.simple_evaluate(
+            model="hf", model_args=model_args, tasks=[s["name"] for s in specs], task_manager=tm,
+            batch_size=int(cfg["batch_size"]), device=_resolve_device(cfg["device"]),
+            limit=cfg["limit"], log_samples=False, bootstrap_iters=int(cfg["bootstrap_iters"]),
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+            fewshot_random_seed=seed, confirm_run_unsafe_code=bool(cfg["confirm_run_unsafe_code"]),
+        )
+    wall = time.perf_counter() - t0
+    summary = summarize(raw, specs)
+    summary["meta"] = {"model_dir": model_dir, "seed": seed, "limit": cfg["limit"],
+                       "batch_size": int(cfg["batch_size"]), "wall_time_s": round(wall, 3),
+                       "lm_eval_import_s": round(t_import, 3),
+                       "items_over_context": over}
+    out_json = Path(out_json)
+    raw_path = out_json.with_name(out_json.stem + ".lm_eval.json")
+    write_text(raw_path, json.dumps(_jsonable(raw), indent=2) + "\n")
+    write_json(out_json, summary)
+    return summary

@@ -1,0 +1,532 @@
+"""Tables, plots and a findings text from the result files of a sweep (never loads a model).
+
+Input: run records `{dataset, model, method, budget, gpus, distribution, seed, eval_json,
+train_metrics_json}` (a list of dicts, or a CSV/JSON file of them). `budget` is the
+fraction of the pool (<= 1; a larger number is a count and needs a `pool_size` field);
+method `full` defaults to budget 1 and method `base` (the model before fine-tuning, no
+train metrics) to budget 0. `eval_json` / `train_metrics_json` may be empty.
+
+Output (`run_report`): `accuracy_vs_data.{csv,md}`, `time.{csv,md}`, `findings.md` in the
+tables folder; `accuracy_vs_data_<dataset>.png` and `time_<dataset>.png` in the plots folder.
+Standard deviations are sample std over seeds (ddof=1; empty with one seed).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from .errors import InputError
+from .io import atomic_path, read_json, write_text
+
+DEFAULTS: dict[str, Any] = {
+    # Budget fraction at which the paper's claims are checked (31% of the data).
+    "claim_budget": 0.31,
+    # Largest absolute drop in average accuracy (full minus cluster) still called "near full".
+    "near_full_tolerance": 0.02,
+    # Method name of fine-tuning on the whole pool (reference for accuracy and time).
+    "full_method": "full",
+    # Method name of the random-subset baseline.
+    "random_method": "random",
+    # Method name of the gradient-cluster selection.
+    "cluster_method": "cluster",
+    # Method name of the base model evaluated without fine-tuning.
+    "base_method": "base",
+    # Distribution name of the cluster-balanced sampler (time claim).
+    "balanced_distribution": "balanced",
+    # Distribution name of the random (DistributedSampler-like) split (time claim).
+    "random_distribution": "random",
+    # Resolution of the PNG plots.
+    "dpi": 110,
+}
+
+REQUIRED = ("dataset", "model", "method", "seed")
+KEY_ACC = ["dataset", "model", "method", "budget"]
+KEY_TIME = ["dataset", "model", "gpus", "distribution", "method", "budget"]
+
+
+# ----------------------------------------------------------------------------- loading
+def _blank(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and
+                                                                       v.strip() == "")
+
+
+def read_run_table(runs: str | os.PathLike | Iterable[Mapping[str, Any]]) -> list[dict]:
+    """Accept a list of dicts, or a CSV / JSON (list of objects) file of run records."""
+    if isinstance(runs, (str, os.PathLike)):
+        p = Path(runs)
+        if p.suffix == ".csv":
+            if not p.exists():
+                raise InputError("run table does not exist", path=str(p))
+            return pd.read_csv(p, keep_default_na=True).to_dict("records")
+        data = read_json(p)
+        if not isinstance(data, list):
+            raise InputError("run table must be a JSON list of objects", path=str(p))
+        return data
+    return [dict(r) for r in runs]
+
+
+def imbalance(per_rank_tokens_per_step: Any) -> float:
+    """Mean over steps of max/mean tokens across ranks (1.0 = perfectly balanced)."""
+    if not per_rank_tokens_per_step:
+        return float("nan")
+    vals = []
+    for step in per_rank_tokens_per_step:
+        a = np.asarray(step, dtype=float).ravel()
+        if a.size and a.mean() > 0:
+            vals.append(a.max() / a.mean())
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def _fraction(rec: Mapping[str, Any], i: int, cfg: Mapping[str, Any]) -> float:
+    method, budget = rec["method"], rec.get("budget")
+    if _blank(budget):
+        if method == cfg["full_method"]:
+            return 1.0
+        if method == cfg["base_method"]:
+            return 0.0
+        raise InputError("missing budget", path=f"run record {i}", field="budget")
+    try:
+        b = float(budget)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"budget {budget!r} is not a number", path=f"run record {i}",
+                         field="budget") from e
+    if 0 <= b <= 1:
+        return b
+    pool = rec.get("pool_size")
+    if b > 1 and not _blank(pool) and float(pool) > 0:
+        return b / float(pool)
+    raise InputError(f"budget {b} is not a fraction in [0, 1]; give pool_size to convert a "
+                     "count", path=f"run record {i}", field="budget")
+
+
+def load_runs(runs: Iterable[Mapping[str, Any]], cfg: Mapping[str, Any] | None = None
+              ) -> tuple[pd.DataFrame, list[str]]:
+    """One row per run: keys, fraction, per-task accuracy, average, train metrics.
+
+    Returns the frame and the task names (in first-seen order).
+    """
+    cfg = {**DEFAULTS, **(cfg or {})}
+    rows, tasks = [], []
+    for i, rec in enumerate(runs):
+        for f in REQUIRED:
+            if _blank(rec.get(f)):
+                raise InputError("missing field", path=f"run record {i}", field=f)
+        row = {k: rec[k] for k in ("dataset", "model", "method")}
+        row["seed"] = int(rec["seed"])
+        row["fraction"] = _fraction(rec, i, cfg)
+        row["budget"] = row["fraction"] if _blank(rec.get("budget")) else float(rec["budget"])
+        row["gpus"] = None if _blank(rec.get("gpus")) else int(rec["gpus"])
+        row["distribution"] = None if _blank(rec.get("distribution")) else str(rec["distribution"])
+        ev = rec.get("eval_json")
+        if not _blank(ev):
+            res = read_json(ev)
+            if not isinstance(res, dict) or not isinstance(res.get("tasks"), dict):
+                raise InputError("eval results need a 'tasks' object", path=str(ev), field="tasks")
+            for name, t in res["tasks"].items():
+                if not isinstance(t, dict) or "value" not in t:
+                    raise InputError("task entry needs a 'value'", path=str(ev),
+                                     field=f"tasks.{name}.value")
+                row[f"task:{name}"] = float(t["value"])
+                if name not in tasks:
+                    tasks.append(name)
+            row["average"] = float(res["average"]) if "average" in res else float(
+                np.mean([float(t["value"]) for t in res["tasks"].values()]))
+        tm = rec.get("train_metrics_json")
+        if not _blank(tm):
+            m = read_json(tm)
+            for f in ("wall_time_s", "tokens", "steps"):
+                if f not in m:
+                    raise InputError("missing field in train metrics", path=str(tm), field=f)
+            row["wall_time_s"] = float(m["wall_time_s"])
+            row["tokens"] = float(m["tokens"])
+            row["steps"] = float(m["steps"])
+            row["imbalance"] = imbalance(m.get("per_rank_tokens_per_step"))
+        rows.append(row)
+    if not rows:
+        raise InputError("no run records", field="runs")
+    df = pd.DataFrame(rows)
+    for c in ("average", "wall_time_s", "tokens", "steps", "imbalance"):
+        if c not in df:
+            df[c] = np.nan
+    return df, tasks
+
+
+# ----------------------------------------------------------------------------- tables
+def _method_rank(cfg: Mapping[str, Any]) -> dict[str, int]:
+    order = [cfg["base_method"], cfg["full_method"], cfg["random_method"], cfg["cluster_method"]]
+    return {m: i for i, m in enumerate(order)}
+
+
+def _sort(df: pd.DataFrame, keys: list[str], cfg: Mapping[str, Any]) -> pd.DataFrame:
+    rank = _method_rank(cfg)
+    tmp = df.assign(_m=df["method"].map(lambda m: rank.get(m, len(rank))))
+    by = [k if k != "method" else "_m" for k in keys]
+    if "method" in keys:
+        by.insert(by.index("_m") + 1, "method")
+    return tmp.sort_values(by, kind="stable").drop(columns="_m").reset_index(drop=True)
+
+
+def accuracy_table(df: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any] | None = None
+                   ) -> pd.DataFrame:
+    """dataset x model x method x budget: mean and std over seeds of each task and the average.
+
+    Runs of one seed that differ only in gpus/distribution are averaged first, so each seed
+    counts once.
+    """
+    cfg = {**DEFAULTS, **(cfg or {})}
+    ev = df[df["average"].notna()]
+    cols = ["average"] + [f"task:{t}" for t in tasks]
+    if ev.empty:
+        return pd.DataFrame(columns=KEY_ACC + ["fraction", "n_seeds", "n_runs"])
+    keys = KEY_ACC + ["fraction"]
+    per_seed = ev.groupby(keys + ["seed"], dropna=False)[cols].mean().reset_index()
+    runs = ev.groupby(keys, dropna=False).size().rename("n_runs")
+    g = per_seed.groupby(keys, dropna=False)
+    out = g.size().rename("n_seeds").to_frame().join(runs)
+    for c in cols:
+        name = c.removeprefix("task:")
+        out[f"{name}_mean"] = g[c].mean()
+        out[f"{name}_std"] = g[c].std(ddof=1)
+    return _sort(out.reset_index(), KEY_ACC, cfg)
+
+
+def time_table(df: pd.DataFrame, cfg: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """dataset x model x gpus x distribution x method x budget: train time, tokens, imbalance."""
+    cfg = {**DEFAULTS, **(cfg or {})}
+    tr = df[df["wall_time_s"].notna()].copy()
+    if tr.empty:
+        return pd.DataFrame(columns=KEY_TIME + ["fraction", "n_seeds", "wall_time_s_mean"])
+    tr["gpus"] = tr["gpus"].fillna(1).astype(int)
+    tr["distribution"] = tr["distribution"].fillna("-")
+    g = tr.groupby(KEY_TIME + ["fraction"], dropna=False)
+    out = pd.DataFrame({
+        "n_seeds": g["seed"].nunique(),
+        "wall_time_s_mean": g["wall_time_s"].mean(),
+        "wall_time_s_std": g["wall_time_s"].std(ddof=1),
+        "tokens_mean": g["tokens"].mean(),
+        "steps_mean": g["steps"].mean(),
+        "imbalance_mean": g["imbalance"].mean(),
+    }).reset_index()
+    ref_keys = ["dataset", "model", "gpus", "distribution"]
+    full = out[out["method"] == cfg["full_method"]].groupby(ref_keys)["wall_time_s_mean"].mean()
+    full = full.rename("_full").reset_index()
+    out = out.merge(full, on=ref_keys, how="left")
+    out["ratio_to_full"] = out["wall_time_s_mean"] / out.pop("_full")
+    return _sort(out, KEY_TIME, cfg)
+
+
+# ----------------------------------------------------------------------------- markdown
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, (float, np.floating)):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def to_markdown(df: pd.DataFrame, digits: int = 3) -> str:
+    """A GitHub-flavoured markdown table (no tabulate dependency)."""
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
+    for row in df.itertuples(index=False):
+        cells = [_fmt(v, digits).replace("|", "\\|").replace("\n", " ") for v in row]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pm(mean: Any, std: Any, digits: int = 3) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return ""
+    if std is None or (isinstance(std, float) and math.isnan(std)):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def accuracy_markdown(acc: pd.DataFrame, tasks: list[str]) -> str:
+    """Accuracy table with mean ± std cells."""
+    view = acc[["dataset", "model", "method", "fraction", "n_seeds"]].copy()
+    view["fraction"] = view["fraction"].map(lambda f: f"{f:.0%}")
+    for name in ["average"] + tasks:
+        if f"{name}_mean" in acc:
+            view[name] = [_pm(m, s) for m, s in zip(acc[f"{name}_mean"], acc[f"{name}_std"])]
+    return to_markdown(view)
+
+
+def time_markdown(tt: pd.DataFrame) -> str:
+    """Time table: wall time mean ± std, tokens, steps, ratio to full, imbalance."""
+    view = tt[["dataset", "model", "gpus", "distribution", "method", "fraction", "n_seeds"]].copy()
+    view["fraction"] = view["fraction"].map(lambda f: f"{f:.0%}")
+    view["wall_time_s"] = [_pm(m, s, 1)
+                           for m, s in zip(tt["wall_time_s_mean"], tt["wall_time_s_std"])]
+    view["tokens"] = tt["tokens_mean"].map(lambda v: "" if math.isnan(v) else f"{v:.0f}")
+    view["steps"] = tt["steps_mean"].map(lambda v: "" if math.isnan(v) else f"{v:.0f}")
+    view["ratio_to_full"] = tt["ratio_to_full"]
+    view["imbalance_max/mean"] = tt["imbalance_mean"]
+    return to_markdown(view)
+
+
+# ----------------------------------------------------------------------------- plots
+def _chance(tasks: Iterable[str], task_specs: Mapping[str, Any] | None) -> float | None:
+    if not task_specs:
+        return None
+    vals = []
+    for t in tasks:
+        spec = task_specs.get(t)
+        ch = spec.get("chance") if isinstance(spec, Mapping) else getattr(spec, "chance", None)
+        if ch is None:
+            return None
+        vals.append(float(ch))
+    return float(np.mean(vals)) if vals else None
+
+
+def _tasks_of(acc: pd.DataFrame, tasks: list[str]) -> list[str]:
+    return [t for t in tasks if f"{t}_mean" in acc and acc[f"{t}_mean"].notna().any()]
+
+
+def plot_accuracy(acc: pd.DataFrame, dataset: str, tasks: list[str], task_specs: Any,
+                  cfg: Mapping[str, Any], out_png: str | os.PathLike) -> None:
+    """Average accuracy vs budget fraction per method, one panel per model."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = acc[acc["dataset"] == dataset]
+    models = list(dict.fromkeys(d["model"]))
+    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(5 * max(1, len(models)), 4),
+                             sharey=True, squeeze=False)
+    chance = _chance(_tasks_of(d, tasks), task_specs)
+    for ax, model in zip(axes[0], models):
+        m = d[d["model"] == model]
+        for method, g in m.groupby("method", sort=False):
+            g = g.sort_values("fraction")
+            yerr = g["average_std"].fillna(0).to_numpy()
+            if method == cfg["full_method"]:
+                ax.axhline(g["average_mean"].iloc[-1], color="black", ls="--",
+                           label=f"full ({g['average_mean'].iloc[-1]:.3f})")
+            elif method == cfg["base_method"]:
+                ax.axhline(g["average_mean"].iloc[0], color="gray", ls=":",
+                           label=f"base ({g['average_mean'].iloc[0]:.3f})")
+            else:
+                ax.errorbar(g["fraction"], g["average_mean"], yerr=yerr, marker="o", capsize=3,
+                            label=method)
+        if chance is not None:
+            ax.axhline(chance, color="red", ls="-.", lw=0.8, label=f"chance ({chance:.3f})")
+        ax.set_title(f"{dataset} / {model}")
+        ax.set_xlabel("fraction of the pool")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("average accuracy over tasks")
+    fig.tight_layout()
+    _save(fig, out_png, cfg)
+
+
+def plot_time(tt: pd.DataFrame, dataset: str, cfg: Mapping[str, Any],
+              out_png: str | os.PathLike) -> None:
+    """Bars of training wall time per gpus x distribution x method/budget, one panel per model."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = tt[tt["dataset"] == dataset]
+    models = list(dict.fromkeys(d["model"]))
+    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(max(5, 1.1 * len(d) + 2), 4),
+                             squeeze=False)
+    colors = {}
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, model in zip(axes[0], models):
+        m = _sort(d[d["model"] == model], ["gpus", "distribution", "method", "fraction"], cfg)
+        labels = [f"{r.method} {r.fraction:.0%}\n{r.gpus} GPU {r.distribution}"
+                  for r in m.itertuples()]
+        cols = [colors.setdefault(x, palette[len(colors) % len(palette)])
+                for x in m["distribution"]]
+        ax.bar(range(len(m)), m["wall_time_s_mean"], yerr=m["wall_time_s_std"].fillna(0),
+               color=cols, capsize=3)
+        ax.set_xticks(range(len(m)), labels, fontsize=7)
+        ax.set_ylabel("train wall time (s)")
+        ax.set_title(f"{dataset} / {model}")
+        ax.grid(axis="y", alpha=0.3)
+    from matplotlib.patches import Patch
+    axes[0][-1].legend(handles=[Patch(color=c, label=k) for k, c in colors.items()],
+                       title="distribution", fontsize=8)
+    fig.tight_layout()
+    _save(fig, out_png, cfg)
+
+
+def _save(fig: Any, out_png: str | os.PathLike, cfg: Mapping[str, Any]) -> None:
+    import matplotlib.pyplot as plt
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, dpi=cfg["dpi"], format="png")
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- findings
+def _row(acc: pd.DataFrame, method: str, fraction: float) -> pd.Series | None:
+    r = acc[(acc["method"] == method) & np.isclose(acc["fraction"], fraction, atol=1e-6)]
+    return None if r.empty else r.iloc[0]
+
+
+def _ms(r: pd.Series, col: str = "average") -> str:
+    return f"{_pm(r[f'{col}_mean'], r[f'{col}_std'])} (n={int(r['n_seeds'])})"
+
+
+def _se(r: pd.Series) -> float:
+    s, n = r["average_std"], r["n_seeds"]
+    return float(s) / math.sqrt(n) if n >= 2 and not math.isnan(s) else float("nan")
+
+
+def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
+                cfg: Mapping[str, Any]) -> list[str]:
+    """Findings for one dataset/model: one bullet per claim, from the numbers alone."""
+    b = float(cfg["claim_budget"])
+    pct = f"{b:.0%}"
+    a = acc[(acc["dataset"] == dataset) & (acc["model"] == model)]
+    full = _row(a, cfg["full_method"], 1.0)
+    clu = _row(a, cfg["cluster_method"], b)
+    rnd = _row(a, cfg["random_method"], b)
+    out = []
+
+    # 1. near-full accuracy with 31% of the data
+    head = f"**Near-full accuracy with {pct} of the data (cluster)**: "
+    if full is None or clu is None:
+        out.append(head + "not evaluated (needs full and cluster at this budget).")
+    else:
+        gap = full["average_mean"] - clu["average_mean"]
+        ok = gap <= cfg["near_full_tolerance"]
+        verdict = "reproduced" if ok else "not reproduced"
+        out.append(head + f"{verdict}: cluster {_ms(clu)} vs full {_ms(full)}; full − cluster = "
+                   f"{gap:+.3f} (tolerance {cfg['near_full_tolerance']:.3f}).")
+
+    # 2. cluster beats random at equal budget
+    head = f"**Cluster > random at equal budget ({pct})**: "
+    if clu is None or rnd is None:
+        out.append(head + "not evaluated (needs cluster and random at this budget).")
+    else:
+        diff = clu["average_mean"] - rnd["average_mean"]
+        se = math.sqrt(_se(clu) ** 2 + _se(rnd) ** 2)
+        if math.isnan(se):
+            verdict = ("reproduced" if diff > 0 else "not reproduced") + \
+                " (one seed: no noise estimate)"
+        elif diff > 2 * se:
+            verdict = "reproduced (difference beyond 2 standard errors)"
+        elif diff < -2 * se:
+            verdict = "not reproduced (random is better beyond 2 standard errors)"
+        else:
+            verdict = ("not reproduced: the difference is within seed noise "
+                       f"(2 standard errors = {2 * se:.3f})")
+        line = head + f"{verdict}: cluster {_ms(clu)} vs random {_ms(rnd)}; " \
+                      f"cluster − random = {diff:+.3f}."
+        others = []
+        for _, r in a[a["method"] == cfg["cluster_method"]].iterrows():
+            o = _row(a, cfg["random_method"], r["fraction"])
+            if o is not None and not np.isclose(r["fraction"], b):
+                others.append(f"{r['fraction']:.0%}: {r['average_mean'] - o['average_mean']:+.3f}")
+        if others:
+            line += " Other budgets (cluster − random): " + ", ".join(others) + "."
+        out.append(line)
+
+    # 3. training time reduction at 31%
+    t = tt[(tt["dataset"] == dataset) & (tt["model"] == model)]
+    head = f"**Training time reduction at {pct} (cluster vs full, same GPUs/distribution)**: "
+    pairs = t[(t["method"] == cfg["cluster_method"]) & np.isclose(t["fraction"], b)
+              & t["ratio_to_full"].notna()]
+    if pairs.empty:
+        out.append(head + "not evaluated (no full run with the same GPUs and distribution).")
+    else:
+        parts, oks = [], []
+        for r in pairs.itertuples():
+            oks.append(r.ratio_to_full < 1)
+            full_s = r.wall_time_s_mean / r.ratio_to_full
+            parts.append(f"{r.gpus} GPU {r.distribution}: {r.wall_time_s_mean:.1f} s vs full "
+                         f"{full_s:.1f} s (ratio {r.ratio_to_full:.2f})")
+        verdict = "reproduced" if all(oks) else ("partly reproduced" if any(oks)
+                                                 else "not reproduced")
+        out.append(head + f"{verdict}: " + "; ".join(parts) + ".")
+
+    # 4. balanced vs random distribution
+    head = "**Balanced distribution faster than random distribution**: "
+    bal, rd = cfg["balanced_distribution"], cfg["random_distribution"]
+    keys = ["gpus", "method", "fraction"]
+    tb = t[t["distribution"] == bal].set_index(keys)
+    tr = t[t["distribution"] == rd].set_index(keys)
+    common = tb.index.intersection(tr.index)
+    if len(common) == 0:
+        out.append(head + "not evaluated (needs both distributions with the same GPUs, method "
+                   "and budget).")
+    else:
+        parts, oks = [], []
+        for k in common:
+            rb, rr = tb.loc[k], tr.loc[k]
+            ratio = rb["wall_time_s_mean"] / rr["wall_time_s_mean"]
+            oks.append(ratio < 1)
+            parts.append(f"{k[0]} GPU {k[1]} {k[2]:.0%}: balanced "
+                         f"{_pm(rb['wall_time_s_mean'], rb['wall_time_s_std'], 1)} s vs random "
+                         f"{_pm(rr['wall_time_s_mean'], rr['wall_time_s_std'], 1)} s "
+                         f"(ratio {ratio:.2f}, seeds {int(rb['n_seeds'])} vs {int(rr['n_seeds'])}; "
+                         f"token imbalance max/mean {rb['imbalance_mean']:.3f} vs "
+                         f"{rr['imbalance_mean']:.3f})")
+        verdict = "reproduced" if all(oks) else ("partly reproduced" if any(oks)
+                                                 else "not reproduced")
+        out.append(head + f"{verdict}: " + "; ".join(parts) + ".")
+    return out
+
+
+def findings_text(acc: pd.DataFrame, tt: pd.DataFrame, cfg: Mapping[str, Any] | None = None
+                  ) -> str:
+    """The whole findings.md: per dataset and model, what the numbers say about each claim."""
+    cfg = {**DEFAULTS, **(cfg or {})}
+    lines = ["# Findings", "",
+             "Generated from the result files by `clusterft.report`; each verdict applies a "
+             "fixed rule to the numbers below (near full: full − cluster ≤ "
+             f"{cfg['near_full_tolerance']:.3f} average accuracy; cluster > random: difference "
+             "beyond 2 standard errors over seeds; time: ratio < 1). Small models and few seeds: "
+             "read the numbers, not only the verdicts.", ""]
+    pairs = pd.concat([acc[["dataset", "model"]], tt[["dataset", "model"]]]).drop_duplicates()
+    for ds, model in pairs.itertuples(index=False):
+        lines += [f"## {ds} / {model}", ""]
+        lines += [f"- {x}" for x in claim_lines(acc, tt, ds, model, cfg)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- entry point
+def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
+               out_dir_tables: str | os.PathLike, out_dir_plots: str | os.PathLike,
+               task_specs: Mapping[str, Any] | Iterable[Any] | None = None,
+               cfg: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
+    """Read every run's result files and write the tables, plots and findings.
+
+    Returns {"tables": [...], "plots": [...]} with the paths written.
+    """
+    cfg = {**DEFAULTS, **(cfg or {})}
+    if task_specs is not None and not isinstance(task_specs, Mapping):
+        task_specs = {(s["name"] if isinstance(s, Mapping) else s.name): s for s in task_specs}
+    df, tasks = load_runs(read_run_table(runs), cfg)
+    acc = accuracy_table(df, tasks, cfg)
+    tt = time_table(df, cfg)
+    tdir, pdir = Path(out_dir_tables), Path(out_dir_plots)
+    written: dict[str, list[str]] = {"tables": [], "plots": []}
+
+    def table(name: str, frame: pd.DataFrame, md: str) -> None:
+        with atomic_path(tdir / f"{name}.csv") as tmp:
+            frame.to_csv(tmp, index=False)
+        write_text(tdir / f"{name}.md", md)
+        written["tables"] += [str(tdir / f"{name}.csv"), str(tdir / f"{name}.md")]
+
+    table("accuracy_vs_data", acc,
+          accuracy_markdown(acc, tasks) if len(acc) else "(no evaluations)\n")
+    table("time", tt, time_markdown(tt) if len(tt) else "(no training runs)\n")
+    write_text(tdir / "findings.md", findings_text(acc, tt, cfg))
+    written["tables"].append(str(tdir / "findings.md"))
+    for ds in dict.fromkeys(df["dataset"]):
+        p = pdir / f"accuracy_vs_data_{ds}.png"
+        plot_accuracy(acc, ds, tasks, task_specs, cfg, p)
+        p2 = pdir / f"time_{ds}.png"
+        plot_time(tt, ds, cfg, p2)
+        written["plots"] += [str(p), str(p2)]
+    return written
