@@ -39,7 +39,7 @@ rule base_model:
         "logs/base_model/{model}.log",
     benchmark:
         "benchmarks/out/base_model/{model}.tsv"
-    threads: workflow.cores
+    threads: 1
     resources:
         mem_mb=8000,
         runtime=120,

@@ -31,8 +31,8 @@ rule report:
     params:
         accuracy_runs=ACCURACY_RUNS,
         time_runs=TIME_RUNS,
-        datasets=config["datasets"],
-        tasks={d: tasks_for(config, config["datasets"][d]["domain"]) for d in DATASETS},
+        datasets=DATASETS,
+        models=MODELS,
     log:
         "logs/report.log",
     benchmark:

@@ -15,7 +15,7 @@ rule score:
         "logs/score/{dataset}/{model}/s{seed}.log",
     benchmark:
         "benchmarks/out/score/{dataset}/{model}/s{seed}.tsv"
-    threads: workflow.cores
+    threads: 1
     resources:
         mem_mb=8000,
         runtime=240,

@@ -1,0 +1,245 @@
+"""Per-example gradient features on the tiny real Llama (conftest fixtures)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from clusterft.errors import InputError
+from clusterft.score import (DEFAULTS, Projector, add_lora, compute_features,
+                             compute_features_info, l2_normalize, lora_parameters,
+                             per_example_grads, pool_scores, run_score, warmup_lora)
+from clusterft.tokenize import collate, encode_example
+
+FAST = {"dim": 64, "batch_size": 8, "max_length": 64, "warmup_steps": 4, "warmup_lr": 5e-3,
+        "warmup_fraction": 0.25, "lora_r": 4, "lora_alpha": 8}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These tiny models run several times faster on 1 thread than on 2 shared cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from clusterft.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    return model, tok
+
+
+def _encode(tok, records, max_length=64):
+    return [encode_example(tok, r["messages"], max_length) for r in records]
+
+
+def _fresh(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+
+
+def test_defaults_documented():
+    import inspect
+
+    import clusterft.score as score
+
+    src = inspect.getsource(score)
+    for key in DEFAULTS:
+        assert f'"{key}":' in src
+    assert DEFAULTS["method"] == "hook"
+
+
+def test_hook_and_func_match_loop(tiny_model_dir, tiny, tiny_pool):
+    _, tok = tiny
+    model = _fresh(tiny_model_dir)
+    pm = add_lora(model, {**FAST, "lora_dropout": 0.0}, seed=0)
+    enc = _encode(tok, tiny_pool)
+    warmup_lora(pm, enc, FAST, seed=0, pad_id=tok.pad_token_id)  # lora_B != 0: A-grads live
+    pm.eval()
+    # Uneven lengths, so the batch really is padded.
+    picks = [0, 1, 2, 3, 17, 30]
+    batch = collate([enc[i] for i in picks], tok.pad_token_id)
+    assert (batch["attention_mask"] == 0).any()
+    ref = per_example_grads(pm, batch, "loop")
+    d = sum(p.numel() for _, p in lora_parameters(pm))
+    assert ref.shape == (len(picks), d)
+    assert (ref.norm(dim=1) > 0).all()
+    for method in ("hook", "func"):
+        g = per_example_grads(pm, batch, method)
+        assert g.shape == ref.shape
+        cos = torch.nn.functional.cosine_similarity(g, ref, dim=1)
+        assert (cos > 0.999).all(), (method, cos)
+        torch.testing.assert_close(g.norm(dim=1), ref.norm(dim=1), rtol=1e-3, atol=1e-6)
+    # Per-example, not batch-mean: rows differ from each other.
+    assert torch.nn.functional.cosine_similarity(ref[0], ref[1], dim=0) < 0.999
+    pm.unload()
+
+
+def test_warmup_changes_only_lora_weights(tiny_model_dir, tiny, tiny_pool):
+    _, tok = tiny
+    model = _fresh(tiny_model_dir)
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pm = add_lora(model, FAST, seed=0)
+    before = {n: p.detach().clone() for n, p in lora_parameters(pm)}
+    assert all(float(v.abs().sum()) == 0 for n, v in before.items() if "lora_B" in n)
+    info = warmup_lora(pm, _encode(tok, tiny_pool), FAST, seed=0, pad_id=tok.pad_token_id)
+    assert info["warmup_steps"] == 4 and len(info["warmup_losses"]) == 4
+    assert info["warmup_examples"] == 16  # 25% of 64
+    after = dict(lora_parameters(pm))
+    changed = [n for n in before if not torch.equal(before[n], after[n])]
+    assert len(changed) == len(before)
+    assert all(float(after[n].detach().abs().sum()) > 0 for n in before if "lora_B" in n)
+    base = pm.unload()
+    for n, p in base.named_parameters():
+        assert torch.equal(p, base_before[n]), n
+
+
+def test_warmup_epochs_sets_steps(tiny_model_dir, tiny, tiny_pool):
+    _, tok = tiny
+    pm = add_lora(_fresh(tiny_model_dir), FAST, seed=0)
+    cfg = {**FAST, "warmup_steps": None, "warmup_epochs": 2}  # 16 examples / 8 per batch
+    info = warmup_lora(pm, _encode(tok, tiny_pool), cfg, seed=0, pad_id=tok.pad_token_id)
+    assert info["warmup_steps"] == 4
+
+
+def test_projection_deterministic_chunked_and_scaled():
+    d, dim = 5000, 32  # two row chunks
+    p1, p2 = Projector(d, dim, seed=3), Projector(d, dim, seed=3, cache_bytes=0)
+    m1 = p1.matrix()
+    assert m1.shape == (d, dim) and m1.dtype == torch.float32
+    assert torch.equal(m1, p2.matrix())
+    assert not torch.equal(m1, Projector(d, dim, seed=4).matrix())
+    assert torch.allclose(m1.abs(), torch.full_like(m1, dim ** -0.5))
+    assert 0.45 < float((m1 > 0).float().mean()) < 0.55
+    g = torch.randn(6, d, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(p1(g), p2(g))
+    torch.testing.assert_close(p1(g), g @ m1, rtol=1e-4, atol=1e-4)
+    gauss = Projector(d, 256, seed=3, kind="gaussian")
+    ratio = gauss(g).norm(dim=1) / g.norm(dim=1)  # JL: norms roughly preserved
+    assert ((ratio > 0.75) & (ratio < 1.25)).all(), ratio
+    with pytest.raises(InputError, match="rademacher"):
+        Projector(d, dim, seed=0, kind="sparse")
+
+
+def test_normalize_and_pool_scores():
+    x = np.array([[3.0, 4.0], [1.0, 0.0], [1.0, 0.0]], dtype=np.float32)
+    f = l2_normalize(x)
+    np.testing.assert_allclose(np.linalg.norm(f, axis=1), 1.0, rtol=1e-6)
+    s = pool_scores(f)
+    # mean cosine with the OTHER rows
+    np.testing.assert_allclose(s, [(0.6 + 0.6) / 2, (0.6 + 1.0) / 2, (0.6 + 1.0) / 2], rtol=1e-6)
+    with pytest.raises(ValueError, match="zero gradient"):
+        l2_normalize(np.zeros((2, 3), dtype=np.float32))
+
+
+def test_features_shape_twin_and_determinism(tiny_model_dir, tiny, tiny_pool):
+    _, tok = tiny
+    pool = list(tiny_pool[:24]) + [dict(tiny_pool[3], id="twin-of-3")]
+    feats, scores, norms = compute_features(_fresh(tiny_model_dir), tok, pool, FAST, seed=0)
+    assert feats.shape == (25, 64) and feats.dtype == np.float32
+    assert scores.shape == norms.shape == (25,)
+    np.testing.assert_allclose(np.linalg.norm(feats, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(feats[24], feats[3], atol=1e-5)
+    assert scores[24] == pytest.approx(scores[3], abs=1e-5)
+    assert norms[24] == pytest.approx(norms[3], rel=1e-4)
+    assert np.all(norms > 0)
+    # Distinct examples get distinct features.
+    assert float(feats[0] @ feats[1]) < 0.999
+    again, s2, n2 = compute_features(_fresh(tiny_model_dir), tok, pool, FAST, seed=0)
+    np.testing.assert_array_equal(feats, again)
+    np.testing.assert_array_equal(scores, s2)
+    other, _, _ = compute_features(_fresh(tiny_model_dir), tok, pool, FAST, seed=1)
+    assert not np.allclose(feats, other, atol=1e-3)
+
+
+def test_rows_follow_input_order(tiny_model_dir, tiny, tiny_pool):
+    _, tok = tiny
+    cfg = {**FAST, "warmup_steps": 0}  # warm-up subset depends on order; gradients must not
+    pool = list(tiny_pool[:20])
+    f, s, n = compute_features(_fresh(tiny_model_dir), tok, pool, cfg, seed=0)
+    fr, sr, nr = compute_features(_fresh(tiny_model_dir), tok, pool[::-1], cfg, seed=0)
+    np.testing.assert_allclose(fr[::-1], f, atol=1e-5)
+    np.testing.assert_allclose(nr[::-1], n, rtol=1e-4)
+    np.testing.assert_allclose(sr[::-1], s, atol=1e-5)
+
+
+def test_func_method_and_adam_end_to_end(tiny_model_dir, tiny, tiny_pool):
+    _, tok = tiny
+    pool = list(tiny_pool[:16])
+    fh, _, nh = compute_features(_fresh(tiny_model_dir), tok, pool, FAST, seed=0)
+    ff, _, nf = compute_features(_fresh(tiny_model_dir), tok, pool, {**FAST, "method": "func"}, seed=0)
+    assert np.all(np.sum(fh * ff, axis=1) > 0.999)
+    fs, _, _ = compute_features(_fresh(tiny_model_dir), tok, pool,
+                                {**FAST, "attn_implementation": "sdpa"}, seed=0)
+    assert np.all(np.sum(fh * fs, axis=1) > 0.999)  # the kernel changes speed, not features
+    fa, _, _ = compute_features(_fresh(tiny_model_dir), tok, pool,
+                                {**FAST, "gradient_type": "adam"}, seed=0)
+    np.testing.assert_allclose(np.linalg.norm(fa, axis=1), 1.0, rtol=1e-5)
+    assert not np.allclose(fa, fh, atol=1e-2)
+    with pytest.raises(InputError, match="warm-up"):
+        compute_features(_fresh(tiny_model_dir), tok, pool,
+                         {**FAST, "gradient_type": "adam", "warmup_steps": 0}, seed=0)
+
+
+def test_model_left_unchanged(tiny_model_dir, tiny, tiny_pool):
+    _, tok = tiny
+    model = _fresh(tiny_model_dir)
+    attn = model.config._attn_implementation
+    threads = torch.get_num_threads()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    _, _, _, info = compute_features_info(model, tok, tiny_pool[:12],
+                                          {**FAST, "attn_implementation": "eager"}, seed=0)
+    assert attn != "eager" and model.config._attn_implementation == attn
+    assert all(p.requires_grad for p in model.parameters())
+    assert torch.get_num_threads() == threads
+    assert not any("lora" in n for n, _ in model.named_modules())
+    assert set(dict(model.named_parameters())) == set(before)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n])
+    assert info["n"] == 12 and info["truncated"] == 0 and len(info["warmup_losses"]) == 4
+
+
+def test_config_errors(tiny_model_dir, tiny, tiny_pool):
+    _, tok = tiny
+    for bad, match in (({"dimm": 3}, "unknown key"), ({"method": "jvp"}, "hook, func"),
+                       ({"warmup_fraction": 0}, "warmup_fraction"),
+                       ({"target_modules": ["nope_proj"]}, "nope_proj")):
+        model = _fresh(tiny_model_dir)
+        with pytest.raises(InputError, match=match):
+            compute_features(model, tok, tiny_pool[:4], {**FAST, **bad}, seed=0)
+        assert all(p.requires_grad for p in model.parameters())  # left as it was
+    with pytest.raises(InputError, match=r"example 1 \(id 'tiny-0001'\).*assistant"):
+        broken = [tiny_pool[0], dict(tiny_pool[1], messages=tiny_pool[1]["messages"][:1])]
+        compute_features(_fresh(tiny_model_dir), tok, broken, FAST, seed=0)
+
+
+def test_run_score_writes_outputs(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool):
+    feats_p, scores_p = tmp_path / "f" / "features.npy", tmp_path / "f" / "scores.parquet"
+    info = run_score(tiny_model_dir, tiny_pool_path, FAST, feats_p, scores_p, seed=0, threads=1)
+    f = np.load(feats_p)
+    df = pd.read_parquet(scores_p)
+    assert f.shape == (len(tiny_pool), 64) and f.dtype == np.float32
+    assert list(df.columns) == ["id", "score", "grad_norm"]
+    assert df["id"].tolist() == [r["id"] for r in tiny_pool]
+    assert np.all(df["grad_norm"] > 0) and np.all(np.abs(df["score"]) <= 1)
+    assert info["n"] == len(tiny_pool)
+
+
+def test_run_score_rejects_bad_pool(tmp_path, tiny_model_dir):
+    p = tmp_path / "pool.jsonl"
+    p.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}, '
+                 '{"role": "assistant", "content": "yo"}]}\n'
+                 '{"id": "a", "messages": [{"role": "user", "content": "hi"}, '
+                 '{"role": "assistant", "content": "yo"}]}\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r"line 2.*duplicate id"):
+        run_score(tiny_model_dir, p, FAST, tmp_path / "f.npy", tmp_path / "s.parquet")
+    assert not (tmp_path / "f.npy").exists()

@@ -1,0 +1,218 @@
+"""Budgeted selection: sizes, per-cluster quotas, determinism, errors, files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clusterft.errors import InputError
+from clusterft.select import DEFAULTS, cluster_quotas, n_select, run_select, select
+
+sizes_st = st.lists(st.integers(1, 60), min_size=1, max_size=12)
+
+
+def pool(sizes=(50, 20, 8, 2), seed=0):
+    """ids, shuffled cluster labels, scores."""
+    rng = np.random.default_rng(seed)
+    clusters = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    ids = np.array([f"ex-{i:03d}" for i in range(len(clusters))])
+    return ids, clusters, rng.standard_normal(len(clusters))
+
+
+def test_defaults():
+    assert DEFAULTS == {"quota": "uniform", "within": "random"}
+
+
+@pytest.mark.parametrize("n,budget,expected", [(10, 0.25, 3), (10, 0.24, 2), (3000, 0.31, 930),
+                                               (7, 1.0, 7), (7, 0.01, 1)])
+def test_n_select(n, budget, expected):
+    assert n_select(n, budget) == expected
+
+
+def test_quota_examples():
+    assert cluster_quotas([100, 10, 1], 30, "uniform").tolist() == [19, 10, 1]
+    assert cluster_quotas([100, 10, 1], 30, "proportional").tolist() == [26, 3, 1]
+    sq = cluster_quotas([100, 10, 1], 30, "sqrt").tolist()
+    assert sq[2] == 1 and 19 <= sq[0] <= 26 and sum(sq) == 30
+    assert cluster_quotas([10, 10, 1], 10, "uniform").tolist() == [5, 4, 1]  # tie -> lower id
+    assert cluster_quotas([5, 4, 3], 12, "sqrt").tolist() == [5, 4, 3]  # whole pool
+    # Fewer slots than clusters: the largest clusters win, no forced minimum.
+    assert cluster_quotas([9, 8, 7, 6], 2, "uniform").tolist() == [1, 1, 0, 0]
+    assert cluster_quotas([9, 8, 7, 6], 2, "proportional").tolist() == [1, 1, 0, 0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=sizes_st, frac=st.floats(0.0, 1.0), quota=st.sampled_from(["uniform", "proportional", "sqrt"]))
+def test_quota_invariants(sizes, frac, quota):
+    total = int(round(frac * sum(sizes)))
+    q = cluster_quotas(sizes, total, quota)
+    s = np.asarray(sizes)
+    assert q.sum() == total
+    assert np.all(q >= 0) and np.all(q <= s)
+    if total >= len(sizes):
+        assert np.all(q >= 1)
+    # Monotone: a larger cluster never gets fewer than a smaller one.
+    for i in range(len(s)):
+        for j in range(len(s)):
+            if s[i] > s[j]:
+                assert q[i] >= q[j], (sizes, total, quota, q)
+    if quota == "uniform":
+        # Water-filling: nobody gets more than one above a cluster that is not full.
+        for i in np.flatnonzero(q < s):
+            assert q.max() <= q[i] + 1, (sizes, total, q)
+    if quota == "proportional" and total >= len(sizes):
+        ideal = total * s / s.sum()
+        big = ideal >= 1
+        if big.all():
+            assert np.all(np.abs(q - ideal) < 1), (sizes, total, q)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(2, 60), min_size=2, max_size=10), frac=st.floats(0.05, 0.95))
+def test_sqrt_between_uniform_and_proportional(sizes, frac):
+    total = max(len(sizes), int(round(frac * sum(sizes))))
+    big = int(np.argmax(sizes))
+    u, p, r = (cluster_quotas(sizes, total, q)[big] for q in ("uniform", "proportional", "sqrt"))
+    assert u - 1 <= r <= p + 1
+
+
+@pytest.mark.parametrize("budget", [0.05, 0.1, 0.31, 0.5, 0.99, 1.0])
+@pytest.mark.parametrize("quota", ["uniform", "proportional", "sqrt"])
+def test_cluster_exact_size_and_coverage(budget, quota):
+    ids, clusters, scores = pool()
+    idx = select(ids, clusters, scores, "cluster", budget, {"quota": quota}, seed=0)
+    assert len(idx) == n_select(len(ids), budget)
+    assert np.all(np.diff(idx) > 0)  # sorted, unique
+    assert set(clusters[idx]) == set(clusters)  # 80 * 0.05 = 4 >= k: every cluster kept
+    counts = np.bincount(clusters[idx], minlength=4)
+    np.testing.assert_array_equal(counts, cluster_quotas([50, 20, 8, 2], len(idx), quota))
+
+
+def test_uniform_balances_more_than_random():
+    ids, clusters, scores = pool()
+    idx = select(ids, clusters, scores, "cluster", 0.25, {"quota": "uniform"}, seed=0)
+    assert np.bincount(clusters[idx]).tolist() == [6, 6, 6, 2]
+    rnd = select(ids, clusters, scores, "random", 0.25, None, seed=0)
+    assert len(rnd) == 20 and np.bincount(clusters[rnd], minlength=4)[0] > 6
+
+
+def test_too_small_budget_covers_largest_clusters():
+    ids, clusters, scores = pool()
+    idx = select(ids, clusters, scores, "cluster", 0.03, None, seed=0)  # 2 slots, 4 clusters
+    assert sorted(clusters[idx].tolist()) == [0, 1]
+
+
+def test_within_score_and_centroid():
+    ids, clusters, scores = pool()
+    idx = select(ids, clusters, scores, "cluster", 0.25, {"within": "score"}, seed=0)
+    for c in range(4):
+        members = np.flatnonzero(clusters == c)
+        chosen = idx[clusters[idx] == c]
+        top = members[np.argsort(-scores[members], kind="stable")[:len(chosen)]]
+        assert sorted(chosen.tolist()) == sorted(top.tolist())
+    sim = -scores  # any per-row value: centroid picks the highest
+    idc = select(ids, clusters, scores, "cluster", 0.25, {"within": "centroid"}, seed=0,
+                 centroid_sim=sim)
+    low = select(ids, clusters, -scores, "cluster", 0.25, {"within": "score"}, seed=0)
+    np.testing.assert_array_equal(idc, low)
+    with pytest.raises(InputError, match="centroid_sim"):
+        select(ids, clusters, scores, "cluster", 0.25, {"within": "centroid"}, seed=0)
+
+
+def test_deterministic_by_seed_and_full():
+    ids, clusters, scores = pool()
+    for method in ("random", "cluster"):
+        a = select(ids, clusters, scores, method, 0.3, None, seed=1)
+        b = select(ids, clusters, scores, method, 0.3, None, seed=1)
+        c = select(ids, clusters, scores, method, 0.3, None, seed=2)
+        np.testing.assert_array_equal(a, b)
+        assert not np.array_equal(a, c)
+    full = select(ids, clusters, scores, "full", 0.3, None, seed=0)
+    np.testing.assert_array_equal(full, np.arange(len(ids)))
+
+
+def test_cluster_picks_do_not_depend_on_other_clusters():
+    ids, clusters, scores = pool()
+    a = select(ids, clusters, scores, "cluster", 0.2, {"quota": "uniform"}, seed=0)
+    b = select(ids, clusters, scores, "cluster", 0.2, {"quota": "sqrt"}, seed=0)
+    # 16 slots: uniform [5, 5, 4, 2], sqrt [7, 5, 3, 1]; cluster 1 (size 20) gets 5 in both.
+    assert np.bincount(clusters[a])[1] == np.bincount(clusters[b])[1] == 5
+    np.testing.assert_array_equal(a[clusters[a] == 1], b[clusters[b] == 1])
+
+
+def test_errors():
+    ids, clusters, scores = pool()
+    for bad in (0, -0.1, 1.5, float("nan"), "abc"):
+        with pytest.raises(InputError, match=r"budget"):
+            select(ids, clusters, scores, "random", bad, None, seed=0)
+    with pytest.raises(InputError, match="full, random, cluster"):
+        select(ids, clusters, scores, "less", 0.5, None, seed=0)
+    with pytest.raises(InputError, match="uniform, proportional, sqrt"):
+        select(ids, clusters, scores, "cluster", 0.5, {"quota": "equal"}, seed=0)
+    with pytest.raises(InputError, match="unknown key"):
+        select(ids, clusters, scores, "cluster", 0.5, {"within_cluster": "random"}, seed=0)
+    with pytest.raises(InputError, match="79 values for 80 ids"):
+        select(ids, clusters[:-1], scores, "cluster", 0.5, None, seed=0)
+    dup = ids.copy()
+    dup[1] = dup[0]
+    with pytest.raises(InputError, match="not unique"):
+        select(dup, clusters, scores, "cluster", 0.5, None, seed=0)
+
+
+def _files(tmp_path, ids, clusters, scores, sim=True):
+    from clusterft.io import write_parquet
+
+    cdf = pd.DataFrame({"id": ids, "cluster": clusters})
+    if sim:
+        cdf["centroid_sim"] = np.linspace(0, 1, len(ids))
+    write_parquet(tmp_path / "clusters.parquet", cdf)
+    write_parquet(tmp_path / "scores.parquet",
+                  pd.DataFrame({"id": ids, "score": scores, "grad_norm": np.ones(len(ids))}))
+    return tmp_path / "clusters.parquet", tmp_path / "scores.parquet"
+
+
+def test_run_select_files(tmp_path):
+    ids, clusters, scores = pool()
+    c, s = _files(tmp_path, ids, clusters, scores)
+    out_p, out_j = tmp_path / "o" / "selection.parquet", tmp_path / "o" / "selection.json"
+    summary = run_select(c, s, "cluster", 0.31, {"quota": "sqrt"}, out_p, out_j, seed=0)
+    df = pd.read_parquet(out_p)
+    assert list(df.columns) == ["id", "cluster", "score"]
+    assert len(df) == 25 and df["id"].tolist() == sorted(df["id"].tolist())  # pool order
+    pos = {v: i for i, v in enumerate(ids)}
+    rows = [pos[v] for v in df["id"]]
+    np.testing.assert_array_equal(df["cluster"].to_numpy(), clusters[rows])
+    np.testing.assert_allclose(df["score"].to_numpy(), scores[rows])
+    js = json.loads(out_j.read_text())
+    assert js == summary
+    assert (js["method"], js["budget"], js["seed"], js["quota"], js["within"]) == (
+        "cluster", 0.31, 0, "sqrt", "random")
+    assert js["n_pool"] == 80 and js["n_selected"] == 25 and js["n_clusters"] == 4
+    assert [x["n_pool"] for x in js["clusters"]] == [50, 20, 8, 2]
+    assert sum(x["n_selected"] for x in js["clusters"]) == 25
+    assert all(x["n_selected"] >= 1 for x in js["clusters"])
+    # within: centroid reads the centroid_sim column
+    run_select(c, s, "cluster", 0.31, {"within": "centroid"}, out_p, out_j, seed=0)
+    assert len(pd.read_parquet(out_p)) == 25
+
+
+def test_run_select_random_and_mismatch(tmp_path):
+    ids, clusters, scores = pool()
+    c, s = _files(tmp_path, ids, clusters, scores, sim=False)
+    out_p, out_j = tmp_path / "selection.parquet", tmp_path / "selection.json"
+    js = run_select(c, s, "random", 0.5, None, out_p, out_j, seed=3)
+    assert js["n_selected"] == 40 and js["quota"] is None
+    assert sum(x["n_selected"] for x in js["clusters"]) == 40
+    from clusterft.io import write_parquet
+
+    write_parquet(s, pd.DataFrame({"id": ids[::-1], "score": scores}))
+    with pytest.raises(InputError, match="ids differ"):
+        run_select(c, s, "random", 0.5, None, tmp_path / "x.parquet", tmp_path / "x.json", seed=0)
+    assert not (tmp_path / "x.parquet").exists()
+    with pytest.raises(InputError, match="does not exist"):
+        run_select(tmp_path / "nope.parquet", s, "random", 0.5, None, out_p, out_j)

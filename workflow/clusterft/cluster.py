@@ -1,0 +1,233 @@
+"""Cosine (spherical) k-means of the gradient features.
+
+Examples whose gradients point the same way have a similar training effect; clustering
+them by cosine similarity gives the groups the selection balances. Spherical k-means:
+unit-norm centroids, assignment by the highest cosine, k-means++ seeding (sampling
+proportional to ``1 - cos``, i.e. to squared Euclidean distance on the sphere), ``n_init``
+seeded restarts, keeping the restart with the highest total cosine to the centroids.
+Empty clusters are refilled with the point farthest from its centroid. Cluster ids are
+numbered by decreasing size (ties: the cluster holding the earlier pool row first), so
+outputs do not depend on restart order.
+
+``run_cluster`` is the stage's file I/O edge: features.npy + scores.parquet (ids) in,
+clusters.parquet (id, cluster, centroid_sim) + centroids.npy out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from .errors import InputError
+
+log = logging.getLogger(__name__)
+
+DEFAULTS: dict = {
+    # Number of clusters (must be <= the pool size).
+    "k": 16,
+    # Seeded k-means++ restarts; the one with the highest total cosine to its centroids wins.
+    "n_init": 10,
+    # Maximum assignment/update rounds per restart (stops earlier when no label changes).
+    "max_iter": 100,
+}
+
+
+def merge_cfg(cfg: dict | None) -> dict:
+    """Return ``cfg`` merged over DEFAULTS; unknown keys and bad values raise InputError."""
+    cfg = dict(cfg or {})
+    unknown = sorted(set(cfg) - set(DEFAULTS))
+    if unknown:
+        raise InputError(f"unknown key(s) {unknown}; known keys: {sorted(DEFAULTS)}",
+                         field="cluster")
+    out = {**DEFAULTS, **cfg}
+    for key in DEFAULTS:
+        if int(out[key]) < 1:
+            raise InputError(f"must be >= 1, got {out[key]}", field=f"cluster.{key}")
+    return out
+
+
+def _unit_rows(features: np.ndarray) -> np.ndarray:
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2 or len(x) == 0:
+        raise InputError(f"features must be a non-empty [N, dim] array, got shape {x.shape}",
+                         field="features")
+    if not np.all(np.isfinite(x)):
+        raise InputError("features contain NaN or inf", field="features")
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    if np.any(norms == 0):
+        raise InputError(f"feature rows {np.flatnonzero(norms[:, 0] == 0)[:5].tolist()} are all "
+                         "zero (no direction)", field="features")
+    return x / norms
+
+
+def _kmeanspp(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding on the sphere: next centre drawn with probability ~ 1 - max cos."""
+    n = len(x)
+    idx = [int(rng.integers(n))]
+    best = x @ x[idx[0]]
+    for _ in range(1, k):
+        dist = np.clip(1.0 - best, 0.0, None)
+        dist[idx] = 0.0
+        total = dist.sum()
+        if total <= 0:  # only duplicates left: any unchosen row
+            free = np.setdiff1d(np.arange(n), idx)
+            nxt = int(rng.choice(free))
+        else:
+            nxt = int(rng.choice(n, p=dist / total))
+        idx.append(nxt)
+        best = np.maximum(best, x @ x[nxt])
+    return x[idx].copy()
+
+
+def _normalize_centroids(sums: np.ndarray, x: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(sums, axis=1, keepdims=True)
+    # A cluster whose members cancel out exactly: fall back to its first member's direction.
+    for c in np.flatnonzero(norms[:, 0] == 0):
+        members = np.flatnonzero(labels == c)
+        if len(members):
+            sums[c], norms[c] = x[members[0]], 1.0
+    return sums / np.where(norms == 0, 1.0, norms)
+
+
+def _one_run(x: np.ndarray, k: int, max_iter: int, rng: np.random.Generator):
+    centroids = _kmeanspp(x, k, rng)
+    labels = None
+    for _ in range(max_iter):
+        sims = x @ centroids.T
+        new = sims.argmax(1)
+        # Refill empty clusters with the rows least similar to their own centroid.
+        counts = np.bincount(new, minlength=k)
+        empty = np.flatnonzero(counts == 0)
+        if len(empty):
+            own = sims[np.arange(len(x)), new]
+            for c, row in zip(empty, _farthest_movable(own, new, counts, len(empty))):
+                counts[new[row]] -= 1
+                new[row] = c
+                counts[c] += 1
+        if labels is not None and np.array_equal(new, labels):
+            break
+        labels = new
+        sums = np.zeros_like(centroids)
+        np.add.at(sums, labels, x)
+        centroids = _normalize_centroids(sums, x, labels)
+    own = (x * centroids[labels]).sum(1)
+    return labels, centroids, float(own.sum())
+
+
+def _farthest_movable(own: np.ndarray, labels: np.ndarray, counts: np.ndarray, m: int) -> list[int]:
+    """Up to m rows, least similar first, whose clusters keep at least one member."""
+    counts = counts.copy()
+    out: list[int] = []
+    for row in np.argsort(own, kind="stable"):
+        if counts[labels[row]] > 1:
+            counts[labels[row]] -= 1
+            out.append(int(row))
+            if len(out) == m:
+                break
+    return out
+
+
+def _canonical(labels: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Renumber clusters by decreasing size, ties by first row."""
+    k = len(centroids)
+    sizes = np.bincount(labels, minlength=k)
+    first = np.full(k, len(labels))
+    np.minimum.at(first, labels, np.arange(len(labels)))
+    order = np.lexsort((first, -sizes))  # new id i <- old id order[i]
+    remap = np.empty(k, dtype=np.int64)
+    remap[order] = np.arange(k)
+    return remap[labels], centroids[order]
+
+
+def cosine_kmeans(features: np.ndarray, k: int, seed: int = 0, n_init: int = 10,
+                  max_iter: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    """Spherical k-means: (labels [N] int64 in 0..k-1, unit centroids [k, dim] float32).
+
+    Rows of ``features`` are L2-normalised first. Deterministic in ``seed``. Raises
+    InputError if ``k`` exceeds the number of (distinct) rows.
+    """
+    x = _unit_rows(features)
+    n, k = len(x), int(k)
+    if k < 1:
+        raise InputError(f"k must be >= 1, got {k}", field="cluster.k")
+    if k > n:
+        raise InputError(f"k = {k} clusters asked for only {n} examples; lower cluster.k",
+                         field="cluster.k")
+    n_distinct = len(np.unique(np.round(x, 6), axis=0))
+    if k > n_distinct:
+        raise InputError(f"k = {k} clusters asked for only {n_distinct} distinct feature rows; "
+                         "lower cluster.k", field="cluster.k")
+    rng = np.random.default_rng(seed)
+    best = None
+    for _ in range(int(n_init)):
+        labels, centroids, obj = _one_run(x, k, int(max_iter), rng)
+        if best is None or obj > best[2] + 1e-12:
+            best = (labels, centroids, obj)
+    labels, centroids = _canonical(best[0], best[1])
+    return labels.astype(np.int64), centroids.astype(np.float32)
+
+
+def cluster_agreement(labels, true_labels) -> dict:
+    """Agreement of clusters with hidden true labels: ARI, NMI and purity (all in [0, 1]*).
+
+    Purity: the fraction of examples whose cluster's most common true label is their own
+    (*ARI can be slightly negative for worse-than-chance clusterings).
+    """
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    a, b = np.asarray(labels), np.asarray(true_labels)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"labels and true_labels must be 1-D of one length, got {a.shape}, {b.shape}")
+    _, bi = np.unique(b, return_inverse=True)
+    _, ai = np.unique(a, return_inverse=True)
+    table = np.zeros((ai.max() + 1, bi.max() + 1), dtype=np.int64)
+    np.add.at(table, (ai, bi), 1)
+    return {"ari": float(adjusted_rand_score(b, a)),
+            "nmi": float(normalized_mutual_info_score(b, a)),
+            "purity": float(table.max(1).sum() / len(a)),
+            "n_clusters": int(table.shape[0]), "n_labels": int(table.shape[1])}
+
+
+def run_cluster(features: str | os.PathLike, scores: str | os.PathLike, cfg: dict | None,
+                out_clusters: str | os.PathLike, out_centroids: str | os.PathLike,
+                seed: int = 0) -> dict:
+    """Stage `cluster`: cosine k-means (cfg: k, n_init, max_iter) of features.npy.
+
+    Ids come from scores.parquet (same row order). Writes clusters.parquet with ``id``,
+    ``cluster`` and ``centroid_sim`` (cosine of the row with its centroid, used by
+    ``select`` with ``within: centroid``) and centroids.npy [k, dim] float32. Returns
+    a summary (k, sizes, mean centroid_sim).
+    """
+    import pandas as pd
+
+    from .io import save_npy, write_parquet
+
+    cfg = merge_cfg(cfg)
+    for p in (features, scores):
+        if not os.path.exists(p):
+            raise InputError("file does not exist", path=str(p))
+    try:
+        x = np.load(features)
+    except ValueError as e:
+        raise InputError(f"not a .npy array ({e})", path=str(features)) from e
+    df = pd.read_parquet(scores)
+    if "id" not in df.columns:
+        raise InputError("no 'id' column", path=str(scores), field="id")
+    if len(df) != len(x):
+        raise InputError(f"{len(df)} rows but features.npy has {len(x)}; they must come from "
+                         "the same score run", path=str(scores))
+    try:
+        labels, centroids = cosine_kmeans(x, int(cfg["k"]), seed, int(cfg["n_init"]),
+                                          int(cfg["max_iter"]))
+    except InputError as e:
+        raise InputError(str(e), path=str(features)) from e
+    unit = _unit_rows(x)
+    sim = (unit * centroids.astype(np.float64)[labels]).sum(1)
+    write_parquet(out_clusters, pd.DataFrame({"id": df["id"].astype(str).to_numpy(),
+                                              "cluster": labels, "centroid_sim": sim}))
+    save_npy(out_centroids, centroids)
+    sizes = np.bincount(labels, minlength=len(centroids)).tolist()
+    log.info("k=%d cluster sizes %s", len(centroids), sizes)
+    return {"k": len(centroids), "sizes": sizes, "mean_centroid_sim": float(sim.mean())}

@@ -1,0 +1,617 @@
+"""Per-example gradient features of a briefly warmed-up LoRA model (the LESS recipe).
+
+Pipeline (``compute_features``):
+
+1. **LoRA** (peft) adapters are added to the base model (``lora_r``, ``lora_alpha``,
+   ``lora_dropout``, ``target_modules``), initialised from ``seed``.
+2. **Warm-up** (as in LESS): the adapters are trained with AdamW on a seeded random
+   ``warmup_fraction`` of the pool for ``warmup_steps`` optimiser steps (or
+   ``warmup_epochs`` passes over that subset). Without it every ``lora_B`` is zero, so the
+   gradients of every ``lora_A`` are zero too and half the features carry no information.
+3. **Per-example gradients** of each example's own loss (mean over its response tokens)
+   with respect to the LoRA parameters, in ONE batched forward/backward per batch:
+   - ``method: hook`` (default): forward hooks keep each LoRA linear layer's input ``x``
+     and output ``y``; ``torch.autograd.grad(sum of per-example losses, [y...])`` gives
+     every output gradient ``dy``; then ``dW[b] = einsum("bto,bti->boi", dy, x)``. Exact,
+     and about one training step of cost (NOTES.md: 2.1x faster than a loop on CPU).
+   - ``method: func``: ``torch.func.vmap(grad(functional_call))`` over the batch.
+   Both match a batch-size-1 loop (tests). Batches are formed from length-sorted
+   examples to cut padding (each example's gradient does not depend on its batch mates).
+   With ``gradient_type: adam`` the gradient is replaced by LESS's Adam-preconditioned
+   update direction ``(b1*m + (1-b1)*g) / sqrt(b2*v + (1-b2)*g^2 + eps)`` using the
+   warm-up optimiser's moments (``m``, ``v``); ``sgd`` (default) keeps the raw gradient.
+4. **Projection**: a seeded dense random matrix ``P`` [D, dim] (Rademacher +-1/sqrt(dim) or
+   Gaussian N(0, 1/dim)), generated in fixed chunks of rows from
+   ``numpy.random.default_rng([seed, chunk])`` so every machine builds the same matrix,
+   maps the flattened LoRA gradient (D values) to ``dim``; rows are then L2-normalised.
+5. **Scalar score** per example: LESS's influence estimate with the pool itself as the
+   target set, i.e. the mean cosine similarity between the example's projected gradient
+   and every OTHER pool example's: ``score_i = (f_i . sum_j f_j - 1) / (N - 1)``. High
+   means a gradient step on the example also lowers the loss of much of the pool (typical
+   examples); low or negative means atypical or conflicting ones. ``grad_norm`` is the L2
+   norm of the unprojected per-example vector (the raw gradient, or the Adam direction
+   with ``gradient_type: adam``); LESS normalises it away because it is larger for short
+   responses.
+
+``run_score`` is the stage's file I/O edge: pool JSONL + HF model dir in,
+``features.npy`` (float32 [N, dim], pool order) and ``scores.parquet`` (id, score,
+grad_norm) out.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .errors import InputError
+
+log = logging.getLogger(__name__)
+
+DEFAULTS: dict = {
+    # Dimension of the random projection of the flattened LoRA gradient (LESS uses 8192 for
+    # 7B models; a few hundred is plenty for the tiny models here).
+    "dim": 128,
+    # Examples per batched forward/backward (warm-up and gradients).
+    "batch_size": 16,
+    # Examples are tokenised like training and truncated to this many tokens (response
+    # cut at the right first; see clusterft.tokenize). Every example keeps >= 1 loss token.
+    "max_length": 256,
+    # LoRA rank.
+    "lora_r": 8,
+    # LoRA alpha (the adapter output is scaled by alpha / r).
+    "lora_alpha": 16,
+    # LoRA dropout during warm-up (gradients are computed in eval mode, without dropout).
+    "lora_dropout": 0.05,
+    # Module names that get LoRA adapters (Llama attention projections, as in LESS).
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    # Fraction of the pool (seeded random sample) the warm-up trains on (LESS: 5%).
+    "warmup_fraction": 0.05,
+    # Warm-up optimiser steps; null means use warmup_epochs instead. 0 disables warm-up.
+    "warmup_steps": None,
+    # Passes over the warm-up subset when warmup_steps is null (LESS: 4 epochs).
+    "warmup_epochs": 4,
+    # Peak AdamW learning rate of the warm-up (linear warm-up over 3% of steps, then
+    # linear decay to 0, no weight decay, as in LESS; higher than LESS's 2e-5 because the
+    # models here are tiny).
+    "warmup_lr": 1.0e-3,
+    # Per-example gradient method: hook (captured layer inputs/output-grads + einsum,
+    # fastest) or func (torch.func vmap over grad of functional_call).
+    "method": "hook",
+    # Gradient that is projected: sgd (the raw loss gradient) or adam (LESS's
+    # Adam-preconditioned direction from the warm-up optimiser's moments).
+    "gradient_type": "sgd",
+    # Random projection: rademacher (+-1/sqrt(dim)) or gaussian (N(0, 1/dim)).
+    "projection": "rademacher",
+    # Attention kernel while scoring: eager, sdpa, or null (keep the model's, sdpa for HF
+    # Llama). On 1 CPU thread with the models here neither was consistently faster
+    # (within ~15%, benchmarks/bench_score.py); the features agree to cosine > 0.999.
+    "attn_implementation": None,
+    # Device: auto (cuda if available, else cpu), cpu, cuda, cuda:N.
+    "device": "auto",
+    # Torch intra-op threads; 0 uses run_score's `threads` argument (Snakemake's), else
+    # torch's default. Default 1: on 2 shared CPU cores the tiny models here scored 3-5x
+    # faster with 1 thread than with 2 (thread sync costs more than these small matmuls
+    # gain); raise it for bigger models on more cores.
+    "num_threads": 1,
+}
+
+METHODS = ("hook", "func")
+GRADIENT_TYPES = ("sgd", "adam")
+PROJECTIONS = ("rademacher", "gaussian")
+ATTN = (None, "eager", "sdpa")
+PROJECTION_CHUNK_ROWS = 4096  # fixed: part of the definition of the projection matrix
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
+
+
+def merge_cfg(cfg: dict | None) -> dict:
+    """Return ``cfg`` merged over DEFAULTS; unknown keys and bad values raise InputError."""
+    cfg = dict(cfg or {})
+    unknown = sorted(set(cfg) - set(DEFAULTS))
+    if unknown:
+        raise InputError(f"unknown key(s) {unknown}; known keys: {sorted(DEFAULTS)}",
+                         field="score")
+    out = {**DEFAULTS, **cfg}
+    for key, valid in (("method", METHODS), ("gradient_type", GRADIENT_TYPES),
+                       ("projection", PROJECTIONS), ("attn_implementation", ATTN)):
+        if out[key] not in valid:
+            raise InputError(f"unknown value '{out[key]}'; valid: {', '.join(map(str, valid))}",
+                             field=f"score.{key}")
+    for key in ("dim", "batch_size", "max_length", "lora_r"):
+        if int(out[key]) < 1:
+            raise InputError(f"must be >= 1, got {out[key]}", field=f"score.{key}")
+    if not 0 < float(out["warmup_fraction"]) <= 1:
+        raise InputError(f"must be in (0, 1], got {out['warmup_fraction']}",
+                         field="score.warmup_fraction")
+    if out["warmup_steps"] is not None and int(out["warmup_steps"]) < 0:
+        raise InputError(f"must be >= 0 or null, got {out['warmup_steps']}",
+                         field="score.warmup_steps")
+    if out["warmup_steps"] is None and float(out["warmup_epochs"]) < 0:
+        raise InputError(f"must be >= 0, got {out['warmup_epochs']}", field="score.warmup_epochs")
+    if not out["target_modules"]:
+        raise InputError("needs at least one module name", field="score.target_modules")
+    return out
+
+
+# --------------------------------------------------------------------------- LoRA + warm-up
+
+def add_lora(model, cfg: dict, seed: int = 0):
+    """Wrap ``model`` with fresh peft LoRA adapters (seeded init); only they require grad."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    cfg = merge_cfg(cfg)
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [t for t in cfg["target_modules"] if t not in names]
+    if missing:
+        raise InputError(f"model has no module named {missing}; e.g. {sorted(names)[:12]}",
+                         field="score.target_modules")
+    lcfg = LoraConfig(r=int(cfg["lora_r"]), lora_alpha=float(cfg["lora_alpha"]),
+                      lora_dropout=float(cfg["lora_dropout"]),
+                      target_modules=list(cfg["target_modules"]), bias="none")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        peft_model = get_peft_model(model, lcfg)
+    return peft_model
+
+
+def lora_parameters(model) -> list[tuple[str, Any]]:
+    """Trainable parameters in ``named_parameters`` order (the feature flattening order).
+
+    Raises if anything but LoRA adapters requires grad (e.g. a model that was not frozen).
+    """
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not params:
+        raise InputError("model has no trainable (LoRA) parameters", field="score.target_modules")
+    other = [n for n, _ in params if "lora_" not in n]
+    if other:
+        raise InputError(f"non-LoRA parameters require grad: {other[:5]}", field="score")
+    return params
+
+
+def _warmup_steps(cfg: dict, n_subset: int) -> int:
+    if cfg["warmup_steps"] is not None:
+        return int(cfg["warmup_steps"])
+    per_epoch = math.ceil(n_subset / int(cfg["batch_size"]))
+    return int(math.ceil(float(cfg["warmup_epochs"]) * per_epoch))
+
+
+def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: int) -> dict:
+    """Train the LoRA adapters of ``model`` in place on a seeded subset; return metrics.
+
+    Metrics hold the subset size, steps, losses, and (for ``gradient_type: adam``) the
+    AdamW first/second moments flattened in ``lora_parameters`` order (``exp_avg``,
+    ``exp_avg_sq``; None when no step ran).
+    """
+    import torch
+    from tqdm import tqdm
+
+    from .tokenize import collate
+
+    cfg = merge_cfg(cfg)
+    n = len(encoded)
+    rng = np.random.default_rng([seed, 1])
+    n_sub = min(n, max(1, round(float(cfg["warmup_fraction"]) * n)))
+    subset = np.sort(rng.choice(n, size=n_sub, replace=False))
+    steps = _warmup_steps(cfg, n_sub)
+    params = lora_parameters(model)
+    out: dict = {"warmup_examples": int(n_sub), "warmup_steps": steps, "warmup_losses": [],
+                 "exp_avg": None, "exp_avg_sq": None}
+    if steps == 0:
+        return out
+    device = params[0][1].device
+    opt = torch.optim.AdamW([p for _, p in params], lr=float(cfg["warmup_lr"]),
+                            betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0.0)
+    ramp = max(1, round(0.03 * steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / ramp if s < ramp else max(0.0, (steps - s) / max(1, steps - ramp)))
+    bs = min(int(cfg["batch_size"]), n_sub)
+    order, pos = rng.permutation(subset), 0
+    model.train()
+    with torch.random.fork_rng(devices=[]):  # lora dropout draws from the global RNG
+        torch.manual_seed(seed)
+        for _ in tqdm(range(steps), desc="score warm-up", mininterval=2.0, disable=steps < 2):
+            if pos >= len(order):  # next epoch (the last batch of one may be short)
+                order, pos = rng.permutation(subset), 0
+            batch = collate([encoded[i] for i in order[pos:pos + bs]], pad_id)
+            pos += bs
+            batch = {k: v.to(device) for k, v in batch.items()}
+            loss = model(**batch).loss
+            loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            out["warmup_losses"].append(round(float(loss.detach()), 5))
+    model.eval()
+    if cfg["gradient_type"] == "adam":
+        st = [opt.state[p] for _, p in params]
+        out["exp_avg"] = torch.cat([s["exp_avg"].reshape(-1) for s in st]).detach()
+        out["exp_avg_sq"] = torch.cat([s["exp_avg_sq"].reshape(-1) for s in st]).detach()
+    return out
+
+
+# --------------------------------------------------------------------------- per-example gradients
+
+def per_example_loss(logits, labels):
+    """Each example's mean next-token loss over its labelled tokens ([B]; 0 if none)."""
+    import torch.nn.functional as F
+
+    lg, lb = logits[:, :-1], labels[:, 1:]
+    tok = F.cross_entropy(lg.reshape(-1, lg.shape[-1]).float(), lb.reshape(-1),
+                          ignore_index=-100, reduction="none").view(lb.shape)
+    mask = (lb != -100).to(tok.dtype)
+    return (tok * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+
+
+def _check_right_padded(batch: dict) -> None:
+    import torch
+
+    am = batch["attention_mask"]
+    pos = torch.arange(am.shape[1], device=am.device)[None, :]
+    if not bool(((pos < am.sum(1, keepdim=True)).to(am.dtype) == am).all()):
+        raise ValueError("per-example gradients need right-padded batches")
+
+
+def grads_hook(model, batch: dict):
+    """Per-example LoRA gradients [B, D] from one batched forward/backward (hook method).
+
+    Every trainable parameter must be the weight (or bias) of an ``nn.Linear`` (peft LoRA
+    linear adapters); anything else raises (use ``method: func``).
+    """
+    import torch
+
+    params = lora_parameters(model)
+    modules = dict(model.named_modules())
+    plan: list[tuple[str, str]] = []  # (module name, "weight"|"bias") in parameter order
+    for name, _ in params:
+        mod_name, attr = name.rsplit(".", 1)
+        mod = modules.get(mod_name)
+        if not isinstance(mod, torch.nn.Linear) or attr not in ("weight", "bias"):
+            raise InputError(f"method 'hook' supports LoRA linear layers only, not '{name}'; "
+                             "use method: func", field="score.method")
+        plan.append((mod_name, attr))
+    captured: dict[str, list] = {m: [] for m, _ in plan}
+
+    def make_hook(key: str) -> Callable:
+        def hook(_mod, inputs, output):
+            captured[key].append((inputs[0], output))
+        return hook
+
+    handles = [modules[m].register_forward_hook(make_hook(m)) for m in captured]
+    try:
+        with torch.enable_grad():
+            logits = model(input_ids=batch["input_ids"],
+                           attention_mask=batch["attention_mask"]).logits
+    finally:
+        for h in handles:
+            h.remove()
+    loss = per_example_loss(logits, batch["labels"]).sum()
+    keys = [(m, i) for m in captured for i in range(len(captured[m]))]
+    if not keys:
+        raise RuntimeError("no LoRA layer ran in the forward pass")
+    outs = [captured[m][i][1] for m, i in keys]
+    gouts = dict(zip(keys, torch.autograd.grad(loss, outs)))
+    cols = []
+    for mod_name, attr in plan:
+        g = None
+        for i, (x, _) in enumerate(captured[mod_name]):
+            dy = gouts[(mod_name, i)]
+            x3, dy3 = x.reshape(x.shape[0], -1, x.shape[-1]), dy.reshape(dy.shape[0], -1, dy.shape[-1])
+            gi = (torch.einsum("bto,bti->boi", dy3, x3) if attr == "weight" else dy3.sum(1))
+            g = gi if g is None else g + gi
+        cols.append(g.reshape(g.shape[0], -1))
+    return torch.cat(cols, dim=1).detach()
+
+
+def grads_func(model, batch: dict):
+    """Per-example LoRA gradients [B, D] with ``torch.func.vmap(grad(functional_call))``.
+
+    Needs right padding: each example runs without an attention mask (HF's mask code is
+    data-dependent and cannot be vmapped); with causal attention, real tokens never see
+    the padding that follows them, and padded positions carry no loss.
+    """
+    import torch
+    from torch.func import functional_call, grad, vmap
+
+    _check_right_padded(batch)
+    names = [n for n, _ in lora_parameters(model)]
+    values = {n: p.detach() for n, p in model.named_parameters() if n in set(names)}
+
+    def loss_fn(p: dict, ids, labels):
+        out = functional_call(model, p, args=(), kwargs={"input_ids": ids[None]})
+        return per_example_loss(out.logits, labels[None])[0]
+
+    with torch.enable_grad():
+        g = vmap(grad(loss_fn), in_dims=(None, 0, 0))(values, batch["input_ids"], batch["labels"])
+    return torch.cat([g[n].reshape(g[n].shape[0], -1) for n in names], dim=1).detach()
+
+
+def grads_loop(model, batch: dict):
+    """Reference: per-example LoRA gradients [B, D], one unpadded example at a time."""
+    import torch
+
+    params = [p for _, p in lora_parameters(model)]
+    rows = []
+    lengths = batch["attention_mask"].sum(1).tolist()
+    for b, length in enumerate(lengths):
+        with torch.enable_grad():
+            logits = model(input_ids=batch["input_ids"][b:b + 1, :length]).logits
+            loss = per_example_loss(logits, batch["labels"][b:b + 1, :length])[0]
+            gr = torch.autograd.grad(loss, params, allow_unused=True)
+        rows.append(torch.cat([(torch.zeros_like(p) if x is None else x).reshape(-1)
+                               for x, p in zip(gr, params)]))
+    return torch.stack(rows)
+
+
+GRAD_FNS = {"hook": grads_hook, "func": grads_func, "loop": grads_loop}
+
+
+def per_example_grads(model, batch: dict, method: str = "hook"):
+    """Per-example gradients [B, D] of each example's mean response loss (LoRA params)."""
+    if method not in GRAD_FNS:
+        raise InputError(f"unknown method '{method}'; valid: {', '.join(GRAD_FNS)}",
+                         field="score.method")
+    return GRAD_FNS[method](model, batch)
+
+
+def adam_direction(g, exp_avg, exp_avg_sq):
+    """LESS's Adam-preconditioned per-example direction from warm-up moments m, v."""
+    b1, b2 = ADAM_BETAS
+    m = b1 * exp_avg + (1 - b1) * g
+    v = b2 * exp_avg_sq + (1 - b2) * g * g
+    return m / (v + ADAM_EPS).sqrt()
+
+
+# --------------------------------------------------------------------------- projection
+
+class Projector:
+    """Seeded dense random projection R^D -> R^dim, identical on every machine.
+
+    Row chunk c (rows ``c*4096 ...``) of the [D, dim] float32 matrix is drawn from
+    ``numpy.random.default_rng([seed, c])``: Rademacher +-1/sqrt(dim) or Gaussian
+    N(0, 1/dim), so ``E|Pg|^2 = |g|^2``. Chunks are cached up to ``cache_bytes`` and
+    regenerated on the fly beyond that.
+    """
+
+    def __init__(self, d: int, dim: int, seed: int, kind: str = "rademacher",
+                 device: str = "cpu", cache_bytes: int = 1 << 30) -> None:
+        if kind not in PROJECTIONS:
+            raise InputError(f"unknown projection '{kind}'; valid: {', '.join(PROJECTIONS)}",
+                             field="score.projection")
+        if seed < 0:
+            raise InputError(f"seed must be >= 0, got {seed}", field="seed")
+        self.d, self.dim, self.seed, self.kind, self.device = int(d), int(dim), int(seed), kind, device
+        self.n_chunks = math.ceil(self.d / PROJECTION_CHUNK_ROWS)
+        self.cache = 4 * self.d * self.dim <= cache_bytes
+        self._chunks: dict[int, Any] = {}
+
+    def chunk(self, c: int):
+        """Rows ``[c*4096, min(D, (c+1)*4096))`` of the matrix as a float32 tensor."""
+        import torch
+
+        if c in self._chunks:
+            return self._chunks[c]
+        rows = min(self.d, (c + 1) * PROJECTION_CHUNK_ROWS) - c * PROJECTION_CHUNK_ROWS
+        rng = np.random.default_rng([self.seed, c])
+        scale = np.float32(1.0 / math.sqrt(self.dim))
+        if self.kind == "rademacher":
+            m = (rng.integers(0, 2, size=(rows, self.dim), dtype=np.int8) * 2 - 1).astype(np.float32)
+        else:
+            m = rng.standard_normal(size=(rows, self.dim), dtype=np.float32)
+        t = torch.from_numpy(m * scale).to(self.device)
+        if self.cache:
+            self._chunks[c] = t
+        return t
+
+    def matrix(self):
+        """The whole [D, dim] matrix (for tests and small D)."""
+        import torch
+
+        return torch.cat([self.chunk(c) for c in range(self.n_chunks)], dim=0)
+
+    def __call__(self, g):
+        """Project gradients [B, D] -> [B, dim] (float32)."""
+        if g.shape[1] != self.d:
+            raise ValueError(f"gradient has {g.shape[1]} columns, projector expects {self.d}")
+        g = g.float()
+        out = None
+        for c in range(self.n_chunks):
+            lo = c * PROJECTION_CHUNK_ROWS
+            part = g[:, lo:lo + PROJECTION_CHUNK_ROWS] @ self.chunk(c)
+            out = part if out is None else out + part
+        return out
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm (all-zero rows raise: they have no direction)."""
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    if np.any(norms == 0):
+        bad = np.flatnonzero(norms[:, 0] == 0)[:5].tolist()
+        raise ValueError(f"zero gradient for rows {bad}: cannot normalise")
+    return (x / norms).astype(np.float32)
+
+
+def pool_scores(features: np.ndarray) -> np.ndarray:
+    """Mean cosine similarity of each normalised row with every other row ([N] float32)."""
+    n = len(features)
+    if n < 2:
+        return np.zeros(n, dtype=np.float32)
+    total = features.astype(np.float64).sum(0)
+    return ((features.astype(np.float64) @ total - 1.0) / (n - 1)).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- features
+
+def _device(spec: str) -> str:
+    import torch
+
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"device '{spec}' requested but CUDA is not available", field="score.device")
+    return spec
+
+
+def compute_features_info(model, tokenizer, examples: Sequence[dict], cfg: dict | None,
+                          seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """``compute_features`` plus an info dict (warm-up losses, timings, truncation count)."""
+    import torch
+
+    cfg = merge_cfg(cfg)
+    if len(examples) == 0:
+        raise InputError("no examples to score", field="pool")
+    base_threads = torch.get_num_threads()
+    if cfg["num_threads"]:
+        torch.set_num_threads(int(cfg["num_threads"]))
+    try:
+        return _compute(model, tokenizer, examples, cfg, seed)
+    finally:
+        torch.set_num_threads(base_threads)
+
+
+def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
+             seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    from tqdm import tqdm
+
+    from .tokenize import collate, encode_example
+
+    device = _device(str(cfg["device"]))
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise InputError("tokenizer has no pad token", field="model")
+    t0 = time.perf_counter()
+    encoded = []
+    for i, ex in enumerate(examples):
+        try:
+            encoded.append(encode_example(tokenizer, ex.get("messages"), int(cfg["max_length"]),
+                                          "truncate"))
+        except InputError as e:
+            raise InputError(f"example {i} (id {ex.get('id')!r}): {e}", field="messages") from e
+    n_trunc = sum(bool(e["truncated"]) for e in encoded)
+    if n_trunc:
+        log.warning("%d of %d examples truncated to max_length=%d", n_trunc, len(encoded),
+                    cfg["max_length"])
+
+    model.to(device)
+    base_training = model.training
+    base_requires_grad = [p.requires_grad for p in model.parameters()]
+    base_attn = getattr(model.config, "_attn_implementation", None)
+    if cfg["attn_implementation"] and cfg["attn_implementation"] != base_attn:
+        model.set_attn_implementation(cfg["attn_implementation"])
+    pmodel = None
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        pmodel = add_lora(model, cfg, seed)
+        info = warmup_lora(pmodel, encoded, cfg, seed, pad_id)
+        t_warm = time.perf_counter() - t0
+        if cfg["gradient_type"] == "adam" and info["exp_avg"] is None:
+            raise InputError("gradient_type 'adam' needs a warm-up (warmup_steps > 0)",
+                             field="score.gradient_type")
+        pmodel.eval()
+        d = sum(p.numel() for _, p in lora_parameters(pmodel))
+        proj = Projector(d, int(cfg["dim"]), seed, cfg["projection"], device)
+        order = np.argsort([e["length"] for e in encoded], kind="stable")
+        bs = int(cfg["batch_size"])
+        projected = np.zeros((len(encoded), int(cfg["dim"])), dtype=np.float32)
+        norms = np.zeros(len(encoded), dtype=np.float32)
+        for lo in tqdm(range(0, len(order), bs), desc="score gradients", mininterval=2.0,
+                       disable=len(order) <= bs):
+            idx = order[lo:lo + bs]
+            batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
+            g = per_example_grads(pmodel, batch, cfg["method"])
+            if cfg["gradient_type"] == "adam":
+                g = adam_direction(g, info["exp_avg"], info["exp_avg_sq"])
+            norms[idx] = g.norm(dim=1).cpu().numpy()
+            projected[idx] = proj(g).cpu().numpy()
+    finally:
+        if pmodel is not None:
+            pmodel.unload()  # remove the adapters: the caller's model is left as it was
+        model.train(base_training)
+        for p, flag in zip(model.parameters(), base_requires_grad):
+            p.requires_grad_(flag)
+        if base_attn and getattr(model.config, "_attn_implementation", None) != base_attn:
+            model.set_attn_implementation(base_attn)
+    features = l2_normalize(projected)
+    scores = pool_scores(features)
+    info.pop("exp_avg", None)
+    info.pop("exp_avg_sq", None)
+    info.update({"n": len(encoded), "truncated": n_trunc, "lora_dim": d, "dim": int(cfg["dim"]),
+                 "method": cfg["method"], "device": device,
+                 "warmup_seconds": round(t_warm, 2),
+                 "seconds": round(time.perf_counter() - t0, 2)})
+    return features, scores, norms, info
+
+
+def compute_features(model, tokenizer, examples: Sequence[dict], cfg: dict | None,
+                     seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradient features of pool examples: (features [N, dim] float32 L2-normalised rows,
+    scores [N], grad_norms [N]), all in the order of ``examples``.
+
+    ``model`` is a base causal LM (HF ``LlamaForCausalLM`` or similar); LoRA adapters are
+    added, warmed up and removed again, so the model is unchanged on return (weights,
+    modules, requires_grad flags, attention kernel; it is moved to ``device`` though).
+    ``examples`` are pool records
+    (``messages`` lists). Deterministic in ``seed`` (adapter init, warm-up subset and
+    order, projection).
+    """
+    features, scores, norms, _ = compute_features_info(model, tokenizer, examples, cfg, seed)
+    return features, scores, norms
+
+
+def read_pool(path: str | os.PathLike) -> list[dict]:
+    """Read pool.jsonl and check each record has a unique string id and messages."""
+    from .io import read_jsonl
+    from .tokenize import check_messages
+
+    records = read_jsonl(path)
+    if not records:
+        raise InputError("pool is empty", path=str(path))
+    seen: dict[str, int] = {}
+    for line, rec in enumerate(records, start=1):
+        rid = rec.get("id")
+        if not isinstance(rid, str) or not rid:
+            raise InputError("missing or non-string id", path=str(path), line=line, field="id")
+        if rid in seen:
+            raise InputError(f"duplicate id '{rid}' (first on line {seen[rid]})", path=str(path),
+                             line=line, field="id")
+        seen[rid] = line
+        check_messages(rec.get("messages"), where=str(path), line=line)
+    return records
+
+
+def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict | None,
+              out_features: str | os.PathLike, out_scores: str | os.PathLike, seed: int = 0,
+              threads: int | None = None) -> dict:
+    """Stage `score`: write features.npy [N, dim] and scores.parquet (id, score, grad_norm).
+
+    ``threads`` (e.g. Snakemake's) sets torch's thread count unless cfg sets num_threads.
+    Returns the info dict (warm-up losses, timings, truncation count).
+    """
+    import pandas as pd
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .io import save_npy, set_offline_env, write_parquet
+    from .models import load_tokenizer, resolve_model
+
+    set_offline_env()
+    cfg = merge_cfg(cfg)
+    if threads and not cfg["num_threads"]:
+        torch.set_num_threads(int(threads))
+    records = read_pool(pool)
+    path = resolve_model(str(model_dir), field="score model")
+    tok = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    features, scores, norms, info = compute_features_info(model, tok, records, cfg, seed)
+    save_npy(out_features, features)
+    write_parquet(out_scores, pd.DataFrame({"id": [r["id"] for r in records],
+                                            "score": scores.astype(np.float64),
+                                            "grad_norm": norms.astype(np.float64)}))
+    log.info("scored %d examples in %.1fs (warm-up %.1fs, %d truncated)", info["n"],
+             info["seconds"], info["warmup_seconds"], info["truncated"])
+    return info

@@ -1,0 +1,239 @@
+"""Budgeted data selection: everything, a uniform random subset, or per-cluster quotas.
+
+Methods (``select``):
+- ``full``: every example (the budget is checked but not used).
+- ``random``: a seeded uniform sample of ``n = round(budget * N)`` examples (at least 1).
+- ``cluster``: the same ``n``, split into per-cluster quotas that sum to exactly ``n``:
+  - ``quota: uniform`` (default): water-filling - every cluster gets an equal share,
+    capped at its size, and what capped clusters cannot take is shared among the rest.
+    The most balanced split; it is what "balance the skills" means.
+  - ``quota: proportional``: shares proportional to cluster size (a stratified sample).
+  - ``quota: sqrt``: shares proportional to sqrt(size), capped at size: in between.
+  Fractional shares are rounded by largest remainder (ties: the larger, then the
+  lower-numbered cluster). When ``n >= k`` every cluster gets at least one example, so
+  no cluster (skill) is dropped; with ``n < k`` the n highest shares get one each.
+  Within a cluster examples are picked by ``within``:
+  - ``random`` (default): a seeded uniform sample (one RNG stream per cluster id). This
+    keeps the cluster's internal diversity and makes ``cluster`` differ from ``random``
+    only in the cross-cluster balance - the effect the method claims.
+  - ``score``: highest ``score`` first (LESS-style: most aligned with the pool's
+    gradients; favours typical examples, so near-duplicates and paraphrases crowd in).
+  - ``centroid``: highest cosine with the cluster centroid first (most prototypical;
+    same caveat); needs clusters.parquet's ``centroid_sim`` column.
+
+``run_select`` is the stage's file I/O edge: clusters.parquet + scores.parquet in,
+selection.parquet (id, cluster, score; pool order) + selection.json out.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import numpy as np
+
+from .errors import InputError
+
+log = logging.getLogger(__name__)
+
+DEFAULTS: dict = {
+    # Per-cluster quota rule for method 'cluster': uniform (water-filling equal shares
+    # capped at cluster size), proportional (to size) or sqrt (to sqrt(size), capped).
+    "quota": "uniform",
+    # How examples are picked inside a cluster: random (seeded), score (highest first) or
+    # centroid (closest to the cluster centroid first).
+    "within": "random",
+}
+
+METHODS = ("full", "random", "cluster")
+QUOTAS = ("uniform", "proportional", "sqrt")
+WITHIN = ("random", "score", "centroid")
+
+
+def merge_cfg(cfg: dict | None) -> dict:
+    """Return ``cfg`` merged over DEFAULTS; unknown keys and values raise InputError."""
+    cfg = dict(cfg or {})
+    unknown = sorted(set(cfg) - set(DEFAULTS))
+    if unknown:
+        raise InputError(f"unknown key(s) {unknown}; known keys: {sorted(DEFAULTS)}",
+                         field="select")
+    out = {**DEFAULTS, **cfg}
+    for key, valid in (("quota", QUOTAS), ("within", WITHIN)):
+        if out[key] not in valid:
+            raise InputError(f"unknown value '{out[key]}'; valid: {', '.join(valid)}",
+                             field=f"select.{key}")
+    return out
+
+
+def n_select(n_pool: int, budget: float) -> int:
+    """Examples a budget buys: round-half-up(budget * N), at least 1."""
+    try:
+        b = float(budget)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"budget must be a number in (0, 1], got {budget!r}", field="budget") from e
+    if not 0 < b <= 1:
+        raise InputError(f"budget must be in (0, 1], got {budget}", field="budget")
+    return max(1, min(n_pool, int(math.floor(b * n_pool + 0.5))))
+
+
+def cluster_quotas(sizes, total: int, quota: str = "uniform") -> np.ndarray:
+    """Integer quotas per cluster: sum == total, each <= its size, each >= 1 if total >= k.
+
+    Real-valued shares are ``clip(lam * w_c, lo, size_c)`` with ``w_c`` = 1 (uniform),
+    ``size_c`` (proportional) or ``sqrt(size_c)`` (sqrt), ``lo`` = 1 when every cluster
+    can get one (else 0), and ``lam`` solved so the shares sum to ``total``; they are then
+    rounded by largest remainder.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if quota not in QUOTAS:
+        raise InputError(f"unknown quota '{quota}'; valid: {', '.join(QUOTAS)}", field="select.quota")
+    if sizes.ndim != 1 or len(sizes) == 0 or np.any(sizes < 1):
+        raise ValueError(f"cluster sizes must be positive, got {sizes.tolist()}")
+    k, n = len(sizes), int(sizes.sum())
+    if not 0 <= total <= n:
+        raise ValueError(f"total {total} outside [0, {n}]")
+    w = {"uniform": np.ones(k), "proportional": sizes.astype(float),
+         "sqrt": np.sqrt(sizes.astype(float))}[quota]
+    lo = np.full(k, 1.0 if total >= k else 0.0)
+    cap = sizes.astype(float)
+
+    def shares(lam: float) -> np.ndarray:
+        return np.clip(lam * w, lo, cap)
+
+    a, b = 0.0, float((cap / w).max())
+    for _ in range(200):  # bisection: sum(shares) is continuous and non-decreasing in lam
+        mid = 0.5 * (a + b)
+        if shares(mid).sum() < total:
+            a = mid
+        else:
+            b = mid
+    q = shares(b)
+    base = np.clip(np.floor(q + 1e-9), lo, cap).astype(np.int64)
+    left = total - int(base.sum())
+    frac = q - base
+    order = np.lexsort((np.arange(k), -sizes, -np.round(frac, 9)))  # largest remainder first
+    while left > 0:
+        moved = False
+        for c in order:
+            if left == 0:
+                break
+            if base[c] < sizes[c]:
+                base[c] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise RuntimeError("quota rounding could not place the remainder")
+    if left < 0 or np.any(base > sizes):
+        raise RuntimeError(f"quota rounding failed: {base.tolist()} for total {total}")
+    return base
+
+
+def _pick(members: np.ndarray, m: int, within: str, scores: np.ndarray | None,
+          centroid_sim: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
+    if m >= len(members):
+        return members
+    if within == "random":
+        return rng.choice(members, size=m, replace=False)
+    key = scores if within == "score" else centroid_sim
+    if key is None:
+        raise InputError(f"within: {within} needs "
+                         f"{'scores' if within == 'score' else 'the centroid_sim column'}",
+                         field="select.within")
+    order = np.argsort(-np.asarray(key, dtype=np.float64)[members], kind="stable")
+    return members[order[:m]]
+
+
+def select(ids, clusters, scores, method: str, budget: float, cfg: dict | None = None,
+           seed: int = 0, centroid_sim=None) -> np.ndarray:
+    """Row indices (sorted, int64) of the selected examples.
+
+    ``ids``, ``clusters`` (ints), ``scores`` and ``centroid_sim`` (optional) are aligned
+    per pool row. See the module docstring for the methods and ``cfg`` keys.
+    """
+    cfg = merge_cfg(cfg)
+    if method not in METHODS:
+        raise InputError(f"unknown method '{method}'; valid: {', '.join(METHODS)}", field="method")
+    ids = np.asarray(ids)
+    clusters = np.asarray(clusters)
+    n = len(ids)
+    if n == 0:
+        raise InputError("the pool is empty", field="id")
+    for name, arr in (("cluster", clusters), ("score", scores), ("centroid_sim", centroid_sim)):
+        if arr is not None and len(arr) != n:
+            raise InputError(f"{len(arr)} values for {n} ids", field=name)
+    if len(np.unique(ids)) != n:
+        raise InputError("ids are not unique", field="id")
+    m = n_select(n, budget)
+    if method == "full":
+        return np.arange(n, dtype=np.int64)
+    if method == "random":
+        return np.sort(np.random.default_rng(seed).choice(n, size=m, replace=False)).astype(np.int64)
+    labels, inv, sizes = np.unique(clusters, return_inverse=True, return_counts=True)
+    quotas = cluster_quotas(sizes, m, cfg["quota"])
+    scores = None if scores is None else np.asarray(scores, dtype=np.float64)
+    sim = None if centroid_sim is None else np.asarray(centroid_sim, dtype=np.float64)
+    picked = []
+    for j in range(len(labels)):
+        members = np.flatnonzero(inv == j)
+        rng = np.random.default_rng([seed, j])  # one stream per cluster
+        picked.append(_pick(members, int(quotas[j]), cfg["within"], scores, sim, rng))
+    out = np.sort(np.concatenate(picked)).astype(np.int64)
+    assert len(out) == m
+    return out
+
+
+def summarize(clusters, selected: np.ndarray, method: str, budget: float, seed: int,
+              cfg: dict | None = None) -> dict:
+    """The selection.json summary: sizes overall and per cluster."""
+    cfg = merge_cfg(cfg)
+    clusters = np.asarray(clusters)
+    labels, counts = np.unique(clusters, return_counts=True)
+    sel = np.unique(clusters[selected], return_counts=True)
+    chosen = dict(zip(sel[0].tolist(), sel[1].tolist()))
+    return {"method": method, "budget": float(budget), "seed": int(seed),
+            "quota": cfg["quota"] if method == "cluster" else None,
+            "within": cfg["within"] if method == "cluster" else None,
+            "n_pool": int(len(clusters)), "n_selected": int(len(selected)),
+            "n_clusters": int(len(labels)),
+            "clusters": [{"cluster": int(c), "n_pool": int(k), "n_selected": int(chosen.get(c, 0))}
+                         for c, k in zip(labels.tolist(), counts.tolist())]}
+
+
+def run_select(clusters: str | os.PathLike, scores: str | os.PathLike, method: str,
+               budget: float, cfg: dict | None, out_selection: str | os.PathLike,
+               out_summary: str | os.PathLike, seed: int = 0) -> dict:
+    """Stage `select`: write selection.parquet (id, cluster, score; pool order) and
+    selection.json (method, budget, seed, quota, within, n_pool, n_selected, per-cluster
+    pool/selected counts). Returns the summary."""
+    import pandas as pd
+
+    from .io import write_json, write_parquet
+
+    cfg = merge_cfg(cfg)
+    frames = {}
+    for path, need in ((clusters, ("id", "cluster")), (scores, ("id", "score"))):
+        if not os.path.exists(path):
+            raise InputError("file does not exist", path=str(path))
+        df = pd.read_parquet(path)
+        for col in need:
+            if col not in df.columns:
+                raise InputError(f"no '{col}' column (has {list(df.columns)})", path=str(path),
+                                 field=col)
+        frames[path] = df
+    cdf, sdf = frames[clusters], frames[scores]
+    c_ids, s_ids = cdf["id"].astype(str).to_numpy(), sdf["id"].astype(str).to_numpy()
+    if len(c_ids) != len(s_ids) or not (c_ids == s_ids).all():
+        raise InputError(f"ids differ from {scores} (row counts {len(cdf)} vs {len(sdf)}); "
+                         "both must come from the same score run", path=str(clusters), field="id")
+    sim = cdf["centroid_sim"].to_numpy() if "centroid_sim" in cdf.columns else None
+    idx = select(cdf["id"].to_numpy(), cdf["cluster"].to_numpy(), sdf["score"].to_numpy(),
+                 method, budget, cfg, seed, centroid_sim=sim)
+    out = pd.DataFrame({"id": cdf["id"].astype(str).to_numpy()[idx],
+                        "cluster": cdf["cluster"].to_numpy()[idx].astype(np.int64),
+                        "score": sdf["score"].to_numpy()[idx].astype(np.float64)})
+    summary = summarize(cdf["cluster"].to_numpy(), idx, method, budget, seed, cfg)
+    write_parquet(out_selection, out)
+    write_json(out_summary, summary)
+    log.info("%s budget %s: %d of %d selected", method, budget, len(idx), len(cdf))
+    return summary
