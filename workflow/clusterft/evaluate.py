@@ -64,6 +64,8 @@ DEFAULTS: dict[str, Any] = {
     "collect_env_info": False,
     # Folder of task YAML templates; null uses workflow/tasks/ beside the package.
     "templates_dir": None,
+    # Allow lm-eval's built-in tasks by name (config/paper.yaml; they download their data).
+    "allow_builtin_tasks": False,
     # Allow HF hub downloads (normally false: everything runs offline).
     "allow_downloads": False,
 }
@@ -151,8 +153,41 @@ def task_yaml(name: str, output_type: str, data_file: Path, cfg: Mapping[str, An
     return doc
 
 
-def _resolve_specs(tasks: Iterable[Any], bench_dir: Path) -> list[dict[str, Any]]:
-    """Normalise task names / TaskSpecs / dicts to dicts with name, output_type, unsafe_code."""
+def _bench_dirs(bench_dir: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    if isinstance(bench_dir, (str, os.PathLike)):
+        return [Path(bench_dir)]
+    return [Path(d) for d in bench_dir]
+
+
+def _item_file(name: str, dirs: list[Path]) -> Path:
+    """The task's item file: `<dir>/<name>.jsonl` in the first folder that has it."""
+    for d in dirs:
+        if (d / f"{name}.jsonl").exists():
+            return d / f"{name}.jsonl"
+    return dirs[0] / f"{name}.jsonl"
+
+
+def split_builtin(tasks: Iterable[Any], bench_dir: Any) -> tuple[list[Any], list[str]]:
+    """Split tasks into repo-defined ones (an item file exists or the registry names it) and
+    lm-eval built-in task names (config/paper.yaml's `benchmarks.lm_eval_tasks`)."""
+    try:
+        from .benchmarks import TASKS as registry  # noqa: N811
+    except ModuleNotFoundError:
+        registry = {}
+    dirs = _bench_dirs(bench_dir)
+    repo, builtin = [], []
+    for t in tasks:
+        if isinstance(t, str) and t not in registry and not _item_file(t, dirs).exists():
+            builtin.append(t)
+        else:
+            repo.append(t)
+    return repo, builtin
+
+
+def _resolve_specs(tasks: Iterable[Any], bench_dir: Any) -> list[dict[str, Any]]:
+    """Normalise task names / TaskSpecs / dicts to dicts with name, output_type, unsafe_code.
+
+    `bench_dir` is one folder or a list of folders holding `<task>.jsonl` item files."""
     try:
         from .benchmarks import TASKS as registry  # noqa: N811
     except ModuleNotFoundError as e:  # no registry module: infer the type from the items
@@ -165,7 +200,7 @@ def _resolve_specs(tasks: Iterable[Any], bench_dir: Path) -> list[dict[str, Any]
         name = t if isinstance(t, str) else _spec_get(t, "name")
         if not name:
             raise InputError(f"task {t!r} has no name", field="tasks")
-        data_file = Path(bench_dir) / f"{name}.jsonl"
+        data_file = _item_file(name, _bench_dirs(bench_dir))
         otype = _spec_get(spec, "output_type") if spec is not None else None
         otype = otype or infer_output_type(data_file)
         if otype not in METRIC:
@@ -188,7 +223,7 @@ def write_task_yamls(tasks: Iterable[Any], bench_dir: str | os.PathLike, out_dir
     """
     cfg = merge_cfg(cfg)
     paths = []
-    for spec in _resolve_specs(tasks, Path(bench_dir)):
+    for spec in _resolve_specs(tasks, bench_dir):
         validate_items(spec["data_file"], spec["output_type"])
         doc = task_yaml(spec["name"], spec["output_type"], spec["data_file"], cfg,
                         spec["unsafe_code"])
@@ -198,9 +233,29 @@ def write_task_yamls(tasks: Iterable[Any], bench_dir: str | os.PathLike, out_dir
     return paths
 
 
-def summarize(raw: Mapping[str, Any], specs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Turn lm-eval's results dict into the design's results.json format."""
+BUILTIN_METRICS = ("acc,none", "exact_match,strict-match", "exact_match,none", "pass@1,create_test",
+                   "pass_at_1,none", "pass@1,none")
+
+
+def summarize(raw: Mapping[str, Any], specs: list[dict[str, Any]],
+              builtin: Iterable[str] = ()) -> dict[str, Any]:
+    """Turn lm-eval's results dict into the design's results.json format.
+
+    Built-in lm-eval tasks report the first metric of BUILTIN_METRICS they have."""
     tasks = {}
+    for name in builtin:
+        res = raw["results"].get(name)
+        if res is None:
+            raise RuntimeError(f"lm-eval returned no results for task {name!r}")
+        key = next((k for k in BUILTIN_METRICS if k in res), None)
+        if key is None:
+            raise RuntimeError(f"task {name!r}: none of the metrics {BUILTIN_METRICS} in {sorted(res)}")
+        metric, filt = key.split(",", 1)
+        stderr = res.get(f"{metric}_stderr,{filt}")
+        n = raw.get("n-samples", {}).get(name, {}).get("effective", 0)
+        tasks[name] = {"metric": metric, "value": float(res[key]),
+                       "stderr": float(stderr) if isinstance(stderr, (int, float)) else float("nan"),
+                       "n": int(n)}
     for s in specs:
         name, otype = s["name"], s["output_type"]
         res = raw["results"].get(name)
@@ -302,7 +357,8 @@ def check_context_lengths(model_dir: str, specs: list[dict[str, Any]], cfg: Mapp
     return over
 
 
-def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any], bench_dir: str | os.PathLike,
+def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
+                 bench_dir: str | os.PathLike | list[str | os.PathLike],
                  cfg: Mapping[str, Any] | None, out_json: str | os.PathLike,
                  tasks_dir: str | os.PathLike, seed: int = 0) -> dict[str, Any]:
     """Evaluate `model_dir` on `tasks` (one lm-eval call); write results.json and the raw results.
@@ -317,7 +373,12 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any], bench_dir: str 
         raise InputError("not a model directory (no config.json)", path=model_dir)
     if not tasks:
         raise InputError("no tasks to evaluate", field="tasks")
-    specs = _resolve_specs(tasks, Path(bench_dir))
+    repo_tasks, builtin = split_builtin(tasks, bench_dir)
+    specs = _resolve_specs(repo_tasks, bench_dir)
+    if builtin and not cfg["allow_builtin_tasks"]:
+        raise InputError(f"tasks {builtin} are neither repo-defined benchmarks nor item files in "
+                         f"{[str(d) for d in _bench_dirs(bench_dir)]}; lm-eval built-in tasks "
+                         "need evaluate.allow_builtin_tasks: true", field="tasks")
     unsafe = [s["name"] for s in specs if s["unsafe_code"]]
     if unsafe and not cfg["confirm_run_unsafe_code"]:
         raise InputError(f"tasks {unsafe} execute model-written code; set "
@@ -341,17 +402,19 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any], bench_dir: str 
         model_args["max_length"] = int(cfg["max_length"])
     # include_defaults=False: index only our YAMLs (no clash with built-in task names such
     # as mbpp/humaneval, and no scan of lm-eval's thousands of task files).
-    tm = TaskManager(include_path=str(Path(tasks_dir).resolve()), include_defaults=False)
+    # Built-in lm-eval tasks (paper config) need the default index too.
+    Path(tasks_dir).mkdir(parents=True, exist_ok=True)
+    tm = TaskManager(include_path=str(Path(tasks_dir).resolve()), include_defaults=bool(builtin))
     with _light_env_info(bool(cfg["collect_env_info"])):
         raw = lm_eval.simple_evaluate(
-            model="hf", model_args=model_args, tasks=[s["name"] for s in specs], task_manager=tm,
+            model="hf", model_args=model_args, tasks=[s["name"] for s in specs] + builtin, task_manager=tm,
             batch_size=int(cfg["batch_size"]), device=_resolve_device(cfg["device"]),
             limit=cfg["limit"], log_samples=False, bootstrap_iters=int(cfg["bootstrap_iters"]),
             random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
             fewshot_random_seed=seed, confirm_run_unsafe_code=bool(cfg["confirm_run_unsafe_code"]),
         )
     wall = time.perf_counter() - t0
-    summary = summarize(raw, specs)
+    summary = summarize(raw, specs, builtin)
     summary["meta"] = {"model_dir": model_dir, "seed": seed, "limit": cfg["limit"],
                        "batch_size": int(cfg["batch_size"]), "wall_time_s": round(wall, 3),
                        "lm_eval_import_s": round(t_import, 3),

@@ -9,7 +9,6 @@ with logged(snakemake.log[0]):
         list(snakemake.input.benchmarks),
         snakemake.params.cfg,
         out_json=snakemake.output.results,
-        out_raw=snakemake.output.raw,
         tasks_dir=snakemake.output.tasks,
         seed=int(getattr(snakemake.wildcards, "seed", 0)),
     )

@@ -1,0 +1,6 @@
+"""`python -m clusterft <stage> ...`"""
+import sys
+
+from .cli import main
+
+sys.exit(main())

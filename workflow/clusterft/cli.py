@@ -1,0 +1,204 @@
+"""Command line: every stage of the workflow without Snakemake.
+
+    python -m clusterft <stage> --help      (or the `clusterft` console script)
+
+Stages take plain file paths and an optional config file (`--config`, YAML or JSON, the
+same section keys as config/config.yaml's section of that stage). Training runs on several
+processes with torchrun: `torchrun --nproc-per-node N -m clusterft.train ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import InputError
+
+
+def _section(path: str | None) -> dict[str, Any]:
+    """A stage's config section from a YAML/JSON file (or {} if none)."""
+    if not path:
+        return {}
+    import yaml
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError("config file does not exist", path=str(p))
+    data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise InputError("config must be a mapping of keys to values", path=str(p))
+    return data
+
+
+def _prepare_data(a: argparse.Namespace) -> Any:
+    from .data import run_prepare_data
+
+    cfg = {"source": a.source or a.dataset, **_section(a.config)}
+    if a.n:
+        cfg["n"] = a.n
+    return run_prepare_data(a.dataset, cfg, a.out_pool, a.out_labels, a.out_benchmarks,
+                            seed=a.seed, out_summary=a.out_summary)
+
+
+def _corpus(a: argparse.Namespace) -> Any:
+    from .corpus import run_corpus
+
+    return run_corpus(_section(a.config), a.out, exclude_texts_paths=a.exclude, seed=a.seed)
+
+
+def _tokenizer(a: argparse.Namespace) -> Any:
+    from .models import run_tokenizer
+
+    cfg = {**_section(a.config), **({"vocab_size": a.vocab_size} if a.vocab_size else {})}
+    return run_tokenizer(a.corpus, cfg, a.out, seed=a.seed, allow_downloads=a.allow_downloads)
+
+
+def _base_model(a: argparse.Namespace) -> Any:
+    from .models import run_model
+
+    cfg = {"size": a.size, **_section(a.config)}
+    return run_model(a.tokenizer, a.corpus, cfg, a.out, seed=a.seed, name=a.size,
+                     allow_downloads=a.allow_downloads)
+
+
+def _score(a: argparse.Namespace) -> Any:
+    from .score import run_score
+
+    cfg = {**_section(a.config), **({"dim": a.dim} if a.dim else {})}
+    return run_score(a.model, a.pool, cfg, a.out_features, a.out_scores, seed=a.seed)
+
+
+def _cluster(a: argparse.Namespace) -> Any:
+    from .cluster import run_cluster
+
+    cfg = {**_section(a.config), **({"k": a.k} if a.k else {})}
+    return run_cluster(a.features, a.scores, cfg, a.out_clusters, a.out_centroids, seed=a.seed)
+
+
+def _select(a: argparse.Namespace) -> Any:
+    from .select import run_select
+
+    return run_select(a.clusters, a.scores, a.method, a.budget, _section(a.config),
+                      a.out_selection, a.out_summary, seed=a.seed)
+
+
+def _train(a: argparse.Namespace) -> Any:
+    from .train import main
+
+    return main(a.rest)
+
+
+def _evaluate(a: argparse.Namespace) -> Any:
+    from .evaluate import run_evaluate
+
+    out = Path(a.out)
+    return run_evaluate(a.model, a.tasks, a.benchmarks, _section(a.config), out,
+                        a.tasks_dir or str(out.with_name(out.stem + "_tasks")), seed=a.seed)
+
+
+def _report(a: argparse.Namespace) -> Any:
+    from .benchmarks import TASKS
+    from .report import run_report
+
+    return run_report(a.runs, a.tables, a.plots, task_specs=TASKS, cfg=_section(a.config))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clusterft", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="stage", required=True)
+
+    def stage(name: str, fn: Callable, help: str) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, help=help, description=help)
+        s.set_defaults(fn=fn)
+        if name != "train":
+            s.add_argument("--config", help="YAML/JSON file with this stage's config section")
+            s.add_argument("--seed", type=int, default=0)
+        return s
+
+    s = stage("prepare-data", _prepare_data, "build a pool (skills|pycode|icd10|jsonl) and its benchmark items")
+    s.add_argument("--dataset", required=True, help="dataset name (also the source unless --source)")
+    s.add_argument("--source", help="skills|pycode|icd10|jsonl|hub (default: the dataset name)")
+    s.add_argument("--n", type=int, help="pool size")
+    s.add_argument("--out-pool", required=True)
+    s.add_argument("--out-labels", required=True)
+    s.add_argument("--out-benchmarks", required=True, help="folder for <task>.jsonl item files")
+    s.add_argument("--out-summary")
+
+    s = stage("corpus", _corpus, "the general corpus for tokenizer/base-model pretraining")
+    s.add_argument("--out", required=True)
+    s.add_argument("--exclude", nargs="*", default=[], help="pools / benchmark folders to stay disjoint from")
+
+    s = stage("tokenizer", _tokenizer, "train a byte-level BPE tokenizer on a corpus")
+    s.add_argument("--corpus", required=True)
+    s.add_argument("--vocab-size", type=int)
+    s.add_argument("--out", required=True)
+    s.add_argument("--allow-downloads", action="store_true")
+
+    s = stage("base-model", _base_model, "build and pretrain a small Llama (or resolve hub/path)")
+    s.add_argument("--tokenizer", required=True)
+    s.add_argument("--corpus", required=True)
+    s.add_argument("--size", default="small", help="small|large (sizes in clusterft.models.DEFAULTS)")
+    s.add_argument("--out", required=True)
+    s.add_argument("--allow-downloads", action="store_true")
+
+    s = stage("score", _score, "per-example LoRA-gradient features and scores")
+    s.add_argument("--model", required=True)
+    s.add_argument("--pool", required=True)
+    s.add_argument("--dim", type=int)
+    s.add_argument("--out-features", required=True)
+    s.add_argument("--out-scores", required=True)
+
+    s = stage("cluster", _cluster, "cosine k-means of the features")
+    s.add_argument("--features", required=True)
+    s.add_argument("--scores", required=True)
+    s.add_argument("--k", type=int)
+    s.add_argument("--out-clusters", required=True)
+    s.add_argument("--out-centroids", required=True)
+
+    s = stage("select", _select, "budgeted selection: full | random | cluster")
+    s.add_argument("--clusters", required=True)
+    s.add_argument("--scores", required=True)
+    s.add_argument("--method", required=True, choices=["full", "random", "cluster"])
+    s.add_argument("--budget", type=float, default=1.0)
+    s.add_argument("--out-selection", required=True)
+    s.add_argument("--out-summary", required=True)
+
+    s = stage("train", _train, "fine-tune (one process; use torchrun -m clusterft.train for DDP); "
+              "arguments as `python -m clusterft.train --help`")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+
+    s = stage("evaluate", _evaluate, "lm-eval on repo-defined (or built-in) tasks")
+    s.add_argument("--model", required=True)
+    s.add_argument("--tasks", nargs="+", required=True)
+    s.add_argument("--benchmarks", nargs="+", default=["results/benchmarks"],
+                   help="folders holding <task>.jsonl item files")
+    s.add_argument("--out", required=True)
+    s.add_argument("--tasks-dir", help="where the generated task YAMLs go")
+
+    s = stage("report", _report, "tables, plots and findings from a run table (CSV/JSON)")
+    s.add_argument("--runs", required=True)
+    s.add_argument("--tables", default="results/tables")
+    s.add_argument("--plots", default="results/plots")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = args.fn(args)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if isinstance(result, int):
+        return result
+    if result is not None:
+        print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
