@@ -28,6 +28,6 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         report_outputs(),
-    default_target: True

@@ -8,17 +8,17 @@ rule cluster:
     output:
         clusters="results/cluster/{dataset}/{model}/s{seed}/clusters.parquet",
         centroids="results/cluster/{dataset}/{model}/s{seed}/centroids.npy",
-    params:
-        cfg=config["cluster"],
     log:
         "logs/cluster/{dataset}/{model}/s{seed}.log",
     benchmark:
         "benchmarks/out/cluster/{dataset}/{model}/s{seed}.tsv"
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
-    conda:
-        ENV
+    params:
+        cfg=config["cluster"],
     script:
         "../scripts/cluster.py"

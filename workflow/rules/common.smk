@@ -10,9 +10,18 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 # The package lives in workflow/clusterft; make it importable by every job,
 # installed (pip install -e .) or not, with or without --sdm conda.
+# Jobs inherit this environment; the venv's bin (torchrun) goes first on PATH too.
 PKG_DIR = str(Path(workflow.basedir) / "workflow")
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (PKG_DIR, os.environ.get("PYTHONPATH", "")) if p
+_env = dict(os.environ)
+os.environ.update(
+    {
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (PKG_DIR, _env.get("PYTHONPATH")) if p
+        ),
+        "PATH": os.pathsep.join(
+            (str(Path(sys.executable).parent), _env.get("PATH", ""))
+        ),
+    }
 )
 if PKG_DIR not in sys.path:
     sys.path.insert(0, PKG_DIR)

@@ -8,19 +8,19 @@ rule prepare_data:
         labels="results/data/{dataset}/labels.parquet",
         summary="results/data/{dataset}/summary.json",
         benchmarks=directory("results/benchmarks/{dataset}"),
-    params:
-        cfg=lambda w: {**config["datasets"][w.dataset], **config["benchmarks"]},
-        seed=config["data_seed"],
     log:
         "logs/prepare_data/{dataset}.log",
     benchmark:
         "benchmarks/out/prepare_data/{dataset}.tsv"
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=2000,
         runtime=30,
-    conda:
-        ENV
+    params:
+        cfg=lambda w: {**config["datasets"][w.dataset], **config["benchmarks"]},
+        seed=config["data_seed"],
     script:
         "../scripts/prepare_data.py"
 
@@ -31,18 +31,18 @@ rule corpus:
         benchmarks=expand("results/benchmarks/{dataset}", dataset=DATASETS),
     output:
         "results/corpus/general.txt",
-    params:
-        cfg=config["corpus"],
-        seed=config["data_seed"],
     log:
         "logs/corpus.log",
     benchmark:
         "benchmarks/out/corpus.tsv"
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=2000,
         runtime=30,
-    conda:
-        ENV
+    params:
+        cfg=config["corpus"],
+        seed=config["data_seed"],
     script:
         "../scripts/corpus.py"

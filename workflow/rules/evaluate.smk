@@ -10,20 +10,20 @@ rule evaluate:
         results=f"results/eval/{RUN}/results.json",
         raw=f"results/eval/{RUN}/results.lm_eval.json",
         tasks=directory(f"results/eval/{RUN}/tasks"),
-    params:
-        tasks=eval_tasks,
-        cfg=config["evaluate"],
     log:
         f"logs/evaluate/{RUN}.log",
     benchmark:
         f"benchmarks/out/evaluate/{RUN}.tsv"
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=4000,
         runtime=120,
         gpu=1 if USE_GPU else 0,
-    conda:
-        ENV
+    params:
+        tasks=eval_tasks,
+        cfg=config["evaluate"],
     script:
         "../scripts/evaluate.py"
 
@@ -36,19 +36,19 @@ rule evaluate_base:
         results="results/eval/{dataset}/{model}/base/results.json",
         raw="results/eval/{dataset}/{model}/base/results.lm_eval.json",
         tasks=directory("results/eval/{dataset}/{model}/base/tasks"),
-    params:
-        tasks=eval_tasks,
-        cfg=config["evaluate"],
     log:
         "logs/evaluate/{dataset}/{model}/base.log",
     benchmark:
         "benchmarks/out/evaluate/{dataset}/{model}/base.tsv"
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=4000,
         runtime=120,
         gpu=1 if USE_GPU else 0,
-    conda:
-        ENV
+    params:
+        tasks=eval_tasks,
+        cfg=config["evaluate"],
     script:
         "../scripts/evaluate.py"

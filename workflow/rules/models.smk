@@ -7,20 +7,20 @@ rule tokenizer:
         corpus="results/corpus/general.txt",
     output:
         directory("results/models/tokenizer"),
-    params:
-        cfg=config["tokenizer"],
-        allow_downloads=config["allow_downloads"],
-        seed=config["data_seed"],
     log:
         "logs/tokenizer.log",
     benchmark:
         "benchmarks/out/tokenizer.tsv"
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
-    conda:
-        ENV
+    params:
+        cfg=config["tokenizer"],
+        allow_downloads=config["allow_downloads"],
+        seed=config["data_seed"],
     script:
         "../scripts/tokenizer.py"
 
@@ -31,19 +31,19 @@ rule base_model:
         corpus="results/corpus/general.txt",
     output:
         directory("results/models/{model}/base"),
-    params:
-        cfg=lambda w: config["models"][w.model],
-        allow_downloads=config["allow_downloads"],
-        seed=config["data_seed"],
     log:
         "logs/base_model/{model}.log",
     benchmark:
         "benchmarks/out/base_model/{model}.tsv"
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=8000,
         runtime=120,
-    conda:
-        ENV
+    params:
+        cfg=lambda w: config["models"][w.model],
+        allow_downloads=config["allow_downloads"],
+        seed=config["data_seed"],
     script:
         "../scripts/base_model.py"

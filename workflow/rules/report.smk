@@ -15,12 +15,14 @@ rule report:
             for ext in ("csv", "md")
         ],
         findings=report(
-            "results/tables/findings.md", caption="../report/findings.rst", category="Findings"
+            "results/tables/findings.md",
+            caption="../report/findings.rst",
+            category="Findings",
         ),
         plots=[
             report(
                 f"results/plots/{p}_{d}.png",
-                caption=f"../report/{p}.rst",
+                caption=f"../report/{p}_plot.rst",
                 category="Plots",
                 subcategory=d,
             )
@@ -28,20 +30,20 @@ rule report:
             for d in DATASETS
         ],
         runs="results/tables/runs.csv",
+    log:
+        "logs/report.log",
+    benchmark:
+        "benchmarks/out/report.tsv"
+    conda:
+        ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
     params:
         accuracy_runs=ACCURACY_RUNS,
         time_runs=TIME_RUNS,
         datasets=DATASETS,
         models=MODELS,
-    log:
-        "logs/report.log",
-    benchmark:
-        "benchmarks/out/report.tsv"
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
-    conda:
-        ENV
     script:
         "../scripts/report.py"

@@ -9,17 +9,17 @@ rule score:
     output:
         features="results/score/{dataset}/{model}/s{seed}/features.npy",
         scores="results/score/{dataset}/{model}/s{seed}/scores.parquet",
-    params:
-        cfg=config["score"],
     log:
         "logs/score/{dataset}/{model}/s{seed}.log",
     benchmark:
         "benchmarks/out/score/{dataset}/{model}/s{seed}.tsv"
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=8000,
         runtime=240,
-    conda:
-        ENV
+    params:
+        cfg=config["score"],
     script:
         "../scripts/score.py"

@@ -8,17 +8,17 @@ rule select:
     output:
         selection="results/select/{dataset}/{model}/{method}-{budget}/s{seed}/selection.parquet",
         summary="results/select/{dataset}/{model}/{method}-{budget}/s{seed}/selection.json",
-    params:
-        cfg=config["select"],
     log:
         "logs/select/{dataset}/{model}/{method}-{budget}/s{seed}.log",
     benchmark:
         "benchmarks/out/select/{dataset}/{model}/{method}-{budget}/s{seed}.tsv"
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
-    conda:
-        ENV
+    params:
+        cfg=config["select"],
     script:
         "../scripts/select.py"

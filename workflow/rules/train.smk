@@ -10,12 +10,12 @@ rule train:
     output:
         model=directory(f"results/train/{RUN}/model"),
         metrics=f"results/train/{RUN}/train_metrics.json",
-    params:
-        cfg=lambda w: json.dumps(config["train"]),
     log:
         f"logs/train/{RUN}.log",
     benchmark:
         f"benchmarks/out/train/{RUN}.tsv"
+    conda:
+        ENV
     # One core per rank, capped at --cores: a CPU-rank run has the machine to itself,
     # so its wall time is not disturbed by other jobs.
     threads: lambda w: int(w.gpus)
@@ -23,8 +23,8 @@ rule train:
         mem_mb=lambda w: 4000 * int(w.gpus),
         runtime=600,
         gpu=lambda w: int(w.gpus) if USE_GPU else 0,
-    conda:
-        ENV
+    params:
+        cfg=lambda w: json.dumps(config["train"]),
     shell:
         "torchrun --standalone --nnodes 1 --nproc-per-node {wildcards.gpus}"
         " -m clusterft.train"

@@ -1,0 +1,136 @@
+"""Config: schema + checks reject bad configs naming the field; generated docs in sync;
+the paper DAG builds offline; lint and format are clean."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clusterft import configdoc
+from clusterft.config import check_config, load_config, validate_schema
+from clusterft.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ["config/config.yaml", "config/paper.yaml", ".test/config.yaml"]
+
+
+def base() -> dict:
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+@pytest.mark.parametrize("path", CONFIGS)
+def test_shipped_configs_are_valid(path: str) -> None:
+    cfg = load_config(ROOT / path)
+    assert cfg["datasets"] and cfg["models"]
+
+
+def test_generated_schema_and_readme_are_up_to_date() -> None:
+    assert configdoc.SCHEMA_PATH.read_text() == configdoc.render_schema(), \
+        "run: python -m clusterft.configdoc"
+    assert configdoc.README_PATH.read_text() == configdoc.build_readme(), \
+        "run: python -m clusterft.configdoc"
+
+
+def test_every_stage_key_is_documented() -> None:
+    readme = configdoc.README_PATH.read_text()
+    from clusterft import score, train
+
+    for key in list(score.DEFAULTS) + list(train.DEFAULTS):
+        assert f"| `{key}`" in readme or f"| `{key}." in readme, key
+    rows = [r for r in readme.splitlines() if r.startswith("| `")]
+    undocumented = [r for r in rows if r.rstrip().endswith("|  |")]
+    assert len(undocumented) <= len(rows) // 10, undocumented
+
+
+def _edit(fn):
+    cfg = base()
+    fn(cfg)
+    return cfg
+
+
+BAD = [
+    ("unknown top-level key", lambda c: c.update(colour="red"), "colour"),
+    ("unknown stage key", lambda c: c["score"].update(dims=3), "dims"),
+    ("budget above 1", lambda c: c["sweep"].update(budgets=[0.31, 1.5]), "sweep.budgets.1"),
+    ("budget zero", lambda c: c["sweep"].update(budgets=[0]), "sweep.budgets.0"),
+    ("gpus zero", lambda c: c["sweep"]["accuracy"].update(gpus=0), "sweep.accuracy.gpus"),
+    ("negative gpus", lambda c: c["sweep"]["time"].update(gpus=[2, -4]), "sweep.time.gpus.1"),
+    ("unknown method", lambda c: c["sweep"].update(methods=["full", "kmeans"]), "sweep.methods.1"),
+    ("unknown distribution", lambda c: c["sweep"]["accuracy"].update(distribution="roundrobin"),
+     "sweep.accuracy.distribution"),
+    ("unknown data source", lambda c: c["datasets"]["skills"].update(source="csv"),
+     "datasets.skills.source"),
+]
+
+
+@pytest.mark.parametrize("name,edit,field", BAD, ids=[b[0] for b in BAD])
+def test_schema_rejects_bad_config_naming_the_field(name, edit, field) -> None:
+    with pytest.raises(InputError) as e:
+        validate_schema(_edit(edit), source="my.yaml")
+    msg = str(e.value)
+    assert "my.yaml" in msg and field in msg
+
+
+def test_k_larger_than_pool_is_rejected() -> None:
+    cfg = _edit(lambda c: c["cluster"].update(k=5000))
+    with pytest.raises(InputError, match=r"datasets\.\w+\.n.*cluster\.k = 5000"):
+        check_config(cfg, source="my.yaml")
+
+
+def test_missing_model_path_is_rejected(tmp_path: Path) -> None:
+    cfg = _edit(lambda c: c["models"].update(mine={"source": "path", "path": str(tmp_path / "nope")}))
+    with pytest.raises(InputError, match=r"models\.mine\.path.*does not exist"):
+        check_config(cfg)
+
+
+def test_undefined_benchmark_task_is_rejected() -> None:
+    cfg = _edit(lambda c: c["benchmarks"].update(tasks=["skills_mc", "mmlu_nope"]))
+    with pytest.raises(InputError, match=r"benchmarks\.tasks\[1\].*mmlu_nope"):
+        check_config(cfg)
+
+
+def test_missing_dataset_file_is_rejected(tmp_path: Path) -> None:
+    cfg = _edit(lambda c: c["datasets"].update(
+        mine={"domain": "programming", "source": "jsonl", "path": str(tmp_path / "x.jsonl")}))
+    with pytest.raises(InputError, match=r"datasets\.mine\.path.*does not exist"):
+        check_config(cfg)
+
+
+def _snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *args],
+                          capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+def test_paper_dag_builds_offline(tmp_path: Path) -> None:
+    out = _snakemake("-n", "--directory", str(tmp_path), "--configfile",
+                     str(ROOT / "config" / "paper.yaml"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    for rule in ("prepare_data", "score", "cluster", "select", "train", "evaluate", "report"):
+        assert f"rule {rule}:" in text or f"\n{rule} " in text
+    assert "g8-balanced" in text and "g4-random" in text
+
+
+def test_invalid_config_fails_before_any_job(tmp_path: Path) -> None:
+    bad = base()
+    bad["sweep"]["budgets"] = [0.31, 2]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    out = _snakemake("-n", "--directory", str(tmp_path), "--configfile", str(tmp_path / "bad.yaml"),
+                     cwd=tmp_path)
+    assert out.returncode != 0
+    assert "budgets" in out.stdout + out.stderr
+
+
+def test_lint_and_format_are_clean() -> None:
+    lint = _snakemake("--lint")
+    assert lint.returncode == 0, lint.stdout[-3000:] + lint.stderr[-3000:]
+    fmt = subprocess.run([str(Path(sys.executable).parent / "snakefmt"), "--check", str(ROOT)],
+                         capture_output=True, text=True)
+    assert fmt.returncode == 0, fmt.stderr[-2000:]
