@@ -52,16 +52,24 @@ def validate_schema(cfg: dict, source: str = "config") -> None:
         raise InputError(e.message, path=source, field=field)
 
 
-def tasks_for(cfg: dict, domain: str) -> list[str]:
-    """Benchmark task names evaluated for runs of one domain."""
+def tasks_for(cfg: dict, dataset: str) -> list[str]:
+    """Benchmark task names evaluated for the runs of one dataset.
+
+    Repo-defined tasks: those drawn from the dataset's own source (held-out items of the same
+    generator), optionally restricted by `benchmarks.tasks`. With `benchmarks.lm_eval_tasks`
+    (paper config): the lm-eval tasks of the dataset's domain.
+    """
     bench = cfg.get("benchmarks", {})
+    spec = cfg["datasets"][dataset]
     named = bench.get("lm_eval_tasks")
     if named:
-        return list(named.get(domain, []))
+        return list(named.get(spec["domain"], []))
     from .benchmarks import TASKS
 
-    sources = {spec.get("source", name) for name, spec in cfg["datasets"].items()}
-    return [t.name for t in TASKS.values() if t.domain == domain and t.dataset in sources]
+    only = bench.get("tasks")
+    source = spec.get("source", dataset)
+    return [t.name for t in TASKS.values()
+            if t.dataset == source and (not only or t.name in only)]
 
 
 def check_config(cfg: dict, source: str = "config") -> None:
@@ -98,15 +106,16 @@ def check_config(cfg: dict, source: str = "config") -> None:
     if not named:
         from .benchmarks import TASKS
 
-        domains = {d["domain"] for d in cfg["datasets"].values()}
-        for dom in domains:
-            if not tasks_for(cfg, dom):
-                raise InputError(f"no benchmark task is defined for domain '{dom}'; "
-                                 f"defined tasks: {', '.join(TASKS)}", path=source, field="datasets")
         for i, t in enumerate(cfg.get("benchmarks", {}).get("tasks", []) or []):
             if t not in TASKS:
                 raise InputError(f"benchmark task '{t}' is not defined; defined: {', '.join(TASKS)}",
                                  path=source, field=f"benchmarks.tasks[{i}]")
+        for name in cfg["datasets"]:
+            if not tasks_for(cfg, name):
+                raise InputError(f"no benchmark task evaluates dataset '{name}' (tasks come from the "
+                                 f"skills/pycode/icd10 generators, or set benchmarks.lm_eval_tasks); "
+                                 f"defined tasks: {', '.join(TASKS)}", path=source,
+                                 field=f"datasets.{name}")
 
 
 def merged(defaults: dict[str, Any], cfg: dict[str, Any] | None) -> dict[str, Any]:

@@ -148,17 +148,12 @@ def report_outputs():
 
 
 def bench_dirs(wildcards):
-    """Benchmark folders of every dataset of the run's domain (their tasks are evaluated)."""
-    domain = config["datasets"][wildcards.dataset]["domain"]
-    return [
-        f"results/benchmarks/{d}"
-        for d in DATASETS
-        if config["datasets"][d]["domain"] == domain
-    ]
+    """The benchmark folder of the run's dataset (held-out items of its generator)."""
+    return [f"results/benchmarks/{wildcards.dataset}"]
 
 
 def eval_tasks(wildcards):
-    return tasks_for(config, config["datasets"][wildcards.dataset]["domain"])
+    return tasks_for(config, wildcards.dataset)
 
 
 def section(name, **extra):
