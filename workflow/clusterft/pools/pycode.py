@@ -1,0 +1,324 @@
+"""`pycode`: functions with docstrings from the running interpreter's Python stdlib.
+
+User message = signature + the docstring's first paragraph (as code); assistant = the body
+(everything after the docstring, dedented to one 4-space level, comments kept). Functions
+are short (character caps) so that an example fits a 128-192 token context of a small
+byte-level BPE. Labels = top-level module name (``email``, ``asyncio``, ...).
+
+The stdlib files are split once, by a hash of their relative path, into a pycode part and
+a corpus part (`stdlib_split`); `clusterft.corpus` only reads the corpus part, so the base
+model never sees pool or benchmark functions. Test suites, idlelib, site-packages and the
+like are skipped. Files and functions are visited in sorted, deterministic order; the
+result depends on the interpreter's version (it is the interpreter's own stdlib).
+
+Benchmarks (held-out functions, drawn first, never in the pool):
+- ``pycode_body_mc``: pick the right body for a signature + docstring among 4 short bodies
+  of held-out functions of similar length; the 4 functions of a group share the same
+  choices, so ignoring the prompt scores exactly 1/4.
+- ``pycode_args_mc``: pick the right body among the true body and 3 copies whose
+  parameter names were consistently renamed to parameter names of other functions
+  (tests whether the model ties the body to the signature).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import io
+import os
+import re
+import sysconfig
+import textwrap
+import tokenize
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..prompt import render_prompt
+from . import Built, assign_ids, make_record, select_pool, words
+
+DEFAULTS: dict = {
+    # Pool size cap (examples); the stdlib has fewer short functions than that at most caps.
+    "n": 3000,
+    # Error out if fewer than this many pool examples remain after the caps and checks.
+    "min_examples": 2000,
+    # Benchmark items per task.
+    "items_per_task": 200,
+    # Longest function body (characters, after dedent).
+    "max_body_chars": 350,
+    # Longest docstring first paragraph (characters).
+    "max_doc_chars": 200,
+    # Longest user message + body (characters); ~500 chars is ~150-190 tokens of a 2k BPE.
+    "max_chars": 500,
+    # Longest body (characters) of the functions used by pycode_body_mc (short bodies tie
+    # the docstring to the code most directly).
+    "body_mc_max_chars": 120,
+    # Fraction of stdlib files (by hash of the relative path) given to the corpus instead.
+    "corpus_fraction": 0.2,
+}
+
+SKIP_DIRS = frozenset({"test", "tests", "idlelib", "site-packages", "dist-packages",
+                       "turtledemo", "ensurepip", "__pycache__", "pydoc_data", "lib-dynload",
+                       "venv", "__phello__"})
+TRIVIAL_BODIES = frozenset({"pass", "...", "raise NotImplementedError",
+                            "raise NotImplementedError()", "return", "return None"})
+
+
+def stdlib_root() -> Path:
+    """The running interpreter's stdlib folder."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(root: Path | None = None) -> list[str]:
+    """Relative paths of the stdlib's .py files (sorted), skipping tests and tools."""
+    root = Path(root or stdlib_root())
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith("config-"))
+        for f in files:
+            if f.endswith(".py") and not f.startswith("test_"):
+                out.append(os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/"))
+    return sorted(out)
+
+
+def _to_corpus(rel: str, fraction: float) -> bool:
+    h = int(hashlib.sha1(rel.encode("utf-8")).hexdigest()[:12], 16) / float(1 << 48)
+    return h < fraction
+
+
+def stdlib_split(fraction: float = DEFAULTS["corpus_fraction"],
+                 root: Path | None = None) -> tuple[list[str], list[str]]:
+    """(pycode files, corpus files): a fixed split by hash of the relative path."""
+    files = stdlib_files(root)
+    corpus = [f for f in files if _to_corpus(f, fraction)]
+    return [f for f in files if not _to_corpus(f, fraction)], corpus
+
+
+def module_label(rel: str) -> str:
+    """Top-level module of a stdlib file: 'email/utils.py' -> 'email'."""
+    first = rel.split("/")[0]
+    return first[:-3] if first.endswith(".py") else first
+
+
+def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    ret = f" -> {ast.unparse(node.returns)}" if node.returns is not None else ""
+    kw = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+    return f"{kw} {node.name}({ast.unparse(node.args)}){ret}:"
+
+
+def _param_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    a = node.args
+    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+    names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+    return [n for n in names if n not in ("self", "cls")]
+
+
+def extract_functions(rel: str, src: str, cfg: dict) -> list[dict]:
+    """Short documented functions of one file, in source order."""
+    try:
+        tree = ast.parse(src)
+    except (SyntaxError, ValueError):
+        return []
+    lines = src.splitlines()
+    out = []
+    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for node in sorted(nodes, key=lambda n: (n.lineno, n.col_offset)):
+        doc = ast.get_docstring(node)
+        if not doc or len(node.body) < 2 or node.body[0].end_lineno >= node.body[1].lineno:
+            continue
+        doc = " ".join(doc.strip().split("\n\n")[0].split())
+        if not doc or '"""' in doc or "\\" in doc or len(doc) > cfg["max_doc_chars"]:
+            continue
+        start = node.body[1].lineno - 1
+        # Comments between the docstring and the first statement belong to the body too.
+        while start - 1 > node.body[0].end_lineno - 1 and lines[start - 1].strip().startswith("#"):
+            start -= 1
+        body_src = textwrap.dedent("\n".join(lines[start:node.end_lineno]))
+        body_lines = [ln.rstrip() for ln in body_src.splitlines()]
+        body_lines = [ln for ln in body_lines if ln]
+        if not body_lines or " ".join(body_lines).strip() in TRIVIAL_BODIES:
+            continue
+        if body_lines[0][0].isspace():  # a multi-line string at column 0 blocked the dedent
+            continue
+        body = "\n".join("    " + ln for ln in body_lines)
+        if "\t" in body or len(body) > cfg["max_body_chars"]:
+            continue
+        user = f'{_signature(node)}\n    """{doc}"""'
+        if len(user) + len(body) > cfg["max_chars"]:
+            continue
+        out.append({"file": rel, "module": module_label(rel), "name": node.name, "user": user,
+                    "body": body, "params": _param_names(node)})
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _all_functions(root: str, key: tuple) -> tuple[dict, ...]:
+    cfg = dict(key)
+    files, _ = stdlib_split(cfg["corpus_fraction"], Path(root))
+    funcs: list[dict] = []
+    seen: set[str] = set()
+    for rel in files:
+        try:
+            src = (Path(root) / rel).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for f in extract_functions(rel, src, cfg):
+            # One function per (docstring + body) and per (signature + docstring): copies
+            # such as io/_pyio or a method repeated across classes would otherwise put a
+            # benchmark prompt or body into the pool under another name.
+            keys = (" ".join(words(f["user"].split("\n", 1)[1] + " " + f["body"])),
+                    " ".join(words(f["user"])))
+            if seen & set(keys):
+                continue
+            seen.update(keys)
+            funcs.append(f)
+    return tuple(funcs)
+
+
+def functions(cfg: dict, root: Path | None = None) -> list[dict]:
+    """All candidate functions of the pycode half, deduplicated (see _all_functions)."""
+    keys = ("max_body_chars", "max_doc_chars", "max_chars", "corpus_fraction")
+    key = tuple((k, cfg[k]) for k in keys)
+    return [dict(f) for f in _all_functions(str(root or stdlib_root()), key)]
+
+
+def rename_params(body: str, mapping: dict[str, str]) -> str | None:
+    """Rename parameter NAME tokens in a body (not attributes, not keyword-argument names).
+
+    Returns None if the body cannot be tokenised or nothing was renamed.
+    """
+    code = textwrap.dedent(body) + "\n"
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
+    depth = 0
+    edits: list[tuple[int, int, str, str]] = []
+    for i, t in enumerate(toks):
+        if t.type == tokenize.OP:
+            depth += t.string in "([{"
+            depth -= t.string in ")]}"
+            continue
+        if t.type != tokenize.NAME or t.string not in mapping:
+            continue
+        prev = toks[i - 1].string if i else ""
+        nxt = toks[i + 1].string if i + 1 < len(toks) else ""
+        if prev == "." or (depth > 0 and nxt == "="):
+            continue
+        edits.append((t.start[0], t.start[1], t.string, mapping[t.string]))
+    if not edits:
+        return None
+    lines = code.split("\n")
+    for row, col, old, new in sorted(edits, reverse=True):
+        ln = lines[row - 1]
+        lines[row - 1] = ln[:col] + new + ln[col + len(old):]
+    return textwrap.indent("\n".join(lines).rstrip("\n"), "    ")
+
+
+def _used_params(f: dict) -> list[str]:
+    names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", f["body"]))
+    return [p for p in f["params"] if p in names]
+
+
+def _body_mc(held: list[dict], n_items: int, max_chars: int,
+             rng: np.random.Generator) -> list[dict]:
+    """Body multiple choice in groups of 4 short functions of similar body length.
+
+    The 4 functions of a group share the same 4 choices (their bodies, shuffled per item),
+    so a model that ignores the prompt gets exactly 1 of the 4 items right: chance is 1/4
+    by construction, whatever the model prefers a priori.
+    """
+    short = sorted((f for f in held if len(f["body"]) <= max_chars),
+                   key=lambda f: (len(f["body"]), f["body"]))
+    items: list[dict] = []
+    i = 0
+    while len(items) < n_items and i + 4 <= len(short):
+        grp = short[i:i + 4]
+        bodies = [f["body"] for f in grp]
+        if len(set(bodies)) < 4:  # equal bodies: slide by one
+            i += 1
+            continue
+        i += 4
+        for f in grp:
+            choices = [bodies[int(k)] for k in rng.permutation(4)]
+            items.append({"prompt": render_prompt([{"role": "user", "content": f["user"]}]),
+                          "choices": choices, "label": choices.index(f["body"]),
+                          "group": f["module"]})
+    order = rng.permutation(len(items))
+    return [items[int(k)] for k in order][:n_items]
+
+
+def _args_variants(f: dict, name_pool: list[str], rng: np.random.Generator) -> list[str] | None:
+    used = _used_params(f)
+    if not used:
+        return None
+    taken = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", f["user"] + " " + f["body"]))
+    cands = [n for n in name_pool if n not in taken]
+    variants: list[str] = []
+    for _ in range(30):
+        new = [cands[int(j)] for j in rng.choice(len(cands), size=len(used), replace=False)]
+        v = rename_params(f["body"], dict(zip(used, new)))
+        if v is not None and v != f["body"] and v not in variants:
+            variants.append(v)
+        if len(variants) == 3:
+            return variants
+    return None
+
+
+def _args_mc(held: list[dict], n_items: int, rng: np.random.Generator) -> list[dict]:
+    name_pool = sorted({p for f in held for p in f["params"] if len(p) > 1})
+    items = []
+    for f in held:
+        variants = _args_variants(f, name_pool, rng)
+        if variants is None:
+            continue
+        label = int(rng.integers(0, 4))
+        variants.insert(label, f["body"])
+        items.append({"prompt": render_prompt([{"role": "user", "content": f["user"]}]),
+                      "choices": variants, "label": label, "group": f["module"]})
+        if len(items) == n_items:
+            break
+    return items
+
+
+def build(cfg: dict, seed: int = 0, root: Path | None = None) -> Built:
+    """Hold out benchmark functions first, then build the pool from the rest."""
+    rng = np.random.default_rng([seed, 202])
+    funcs = functions(cfg, root)
+    n_items = int(cfg["items_per_task"])
+    perm = [funcs[int(i)] for i in rng.permutation(len(funcs))]
+    # Hold out enough functions for both tasks: short ones for body_mc (+ slack for groups
+    # with equal bodies), ones whose body uses a parameter for args_mc.
+    short = np.cumsum([len(f["body"]) <= int(cfg["body_mc_max_chars"]) for f in perm])
+    eligible = np.cumsum([bool(_used_params(f)) for f in perm])
+    size = int(max(np.searchsorted(short, n_items + 12), np.searchsorted(eligible, n_items + 20))) + 1
+    if size > len(perm) // 3:
+        raise InputError(f"only {len(perm)} stdlib functions pass the caps; too few for "
+                         f"{n_items} benchmark items per task", field="pycode.items_per_task")
+    held, rest = perm[:size], perm[size:]
+    items = {"pycode_body_mc": _body_mc(held, n_items, int(cfg["body_mc_max_chars"]), rng),
+             "pycode_args_mc": _args_mc(held, n_items, rng)}
+    for task, its in items.items():
+        for j, it in enumerate(its):
+            it["id"] = f"{task}-{j:04d}"
+        items[task] = [{"id": it["id"], **{k: v for k, v in it.items() if k != "id"}}
+                       for it in its]
+        if len(its) < n_items:
+            raise RuntimeError(f"{task}: only {len(its)} items could be built")
+    # A body shared with a held-out function ("Variable.__init__(self, master, value, name)"
+    # in StringVar/IntVar/...) would teach the benchmark answer under another name.
+    held_bodies = {" ".join(words(f["body"])) for f in held}
+    cands = [(make_record("", f["user"], f["body"], f"pycode/{f['file']}"), f["module"])
+             for f in rest if " ".join(words(f["body"])) not in held_bodies]
+    same_body = len(rest) - len(cands)
+    chosen, dropped = select_pool(cands, items, cfg, int(cfg["n"]))
+    dropped["same_body_as_held_out"] = same_body
+    if len(chosen) < int(cfg["min_examples"]):
+        raise InputError(f"only {len(chosen)} pycode examples remain after the caps and the "
+                         f"overlap checks (min_examples = {cfg['min_examples']}); lower "
+                         "min_examples or loosen the caps", field="pycode.min_examples")
+    records = assign_ids("pycode", [r for r, _ in chosen])
+    return Built(records=records, labels=[lab for _, lab in chosen], items=items,
+                 dropped=dict(dropped), extra={"functions": len(funcs), "held_out": size})
