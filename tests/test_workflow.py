@@ -16,24 +16,26 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / ".test" / "config.yaml"
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, check: bool = True,
+              configfile: Path = SMOKE) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
-           str(workdir), "--configfile", str(SMOKE), "--cores", "2", *args]
+           str(workdir), "--configfile", str(configfile), "--cores", "2", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=workdir)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     return proc
 
 
-def planned_rules(workdir: Path, *args: str) -> dict[str, int]:
+def planned_rules(workdir: Path, *args: str, configfile: Path = SMOKE) -> dict[str, int]:
     """Rule -> job count that a dry run would execute (from Snakemake's job stats table)."""
-    out = snakemake(workdir, "-n", *args)
+    out = snakemake(workdir, "-n", *args, configfile=configfile)
     text = out.stdout + out.stderr
     if "Nothing to be done" in text:
         return {}
@@ -84,8 +86,13 @@ def test_completed_run_reruns_nothing(smoke_run: Path) -> None:
     assert planned_rules(smoke_run) == {}
 
 
-def test_changing_k_reruns_cluster_onward_not_score(smoke_run: Path) -> None:
-    plan = planned_rules(smoke_run, "--config", "cluster={k: 3}")
+def test_changing_k_reruns_cluster_onward_not_score(smoke_run: Path, tmp_path: Path) -> None:
+    cfg = yaml.safe_load(SMOKE.read_text())
+    assert cfg["cluster"]["k"] != 3
+    cfg["cluster"]["k"] = 3  # the user edits cluster.k in the config file
+    edited = tmp_path / "config.yaml"
+    edited.write_text(yaml.safe_dump(cfg))  # keys re-sorted too: key order must not matter
+    plan = planned_rules(smoke_run, configfile=edited)
     assert plan.get("cluster") == 2  # one per dataset x model x seed
     assert {"select", "train", "evaluate", "report"} <= set(plan)
     assert not {"score", "prepare_data", "base_model", "tokenizer", "corpus", "evaluate_base"} & set(plan)

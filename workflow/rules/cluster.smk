@@ -19,6 +19,6 @@ rule cluster:
         mem_mb=4000,
         runtime=30,
     params:
-        cfg=config["cluster"],
+        cfg=section("cluster"),
     script:
         "../scripts/cluster.py"

@@ -156,6 +156,23 @@ def eval_tasks(wildcards):
     return tasks_for(config, wildcards.dataset)
 
 
-def section(name, **extra):
-    """A config section as a plain dict (passed to the package, which merges its DEFAULTS)."""
-    return {**config.get(name, {}), **extra}
+def canonical(obj):
+    """A config value with dict keys sorted (recursively), so that reordering keys in a
+    config file does not count as a change of a rule's params (no spurious reruns)."""
+    if isinstance(obj, dict):
+        return {k: canonical(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, list):
+        return [canonical(v) for v in obj]
+    return obj
+
+
+def section(name):
+    """A config section for a rule's params (the package merges its DEFAULTS)."""
+    return canonical(config.get(name, {}))
+
+
+def dataset_cfg(wildcards):
+    """A dataset's section; benchmarks.items_per_task applies unless the dataset sets it."""
+    items = config["benchmarks"].get("items_per_task")
+    extra = {"items_per_task": items} if items is not None else {}
+    return canonical({**extra, **config["datasets"][wildcards.dataset]})

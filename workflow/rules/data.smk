@@ -19,7 +19,7 @@ rule prepare_data:
         mem_mb=2000,
         runtime=30,
     params:
-        cfg=lambda w: {**config["datasets"][w.dataset], **config["benchmarks"]},
+        cfg=dataset_cfg,
         seed=config["data_seed"],
     script:
         "../scripts/prepare_data.py"
@@ -42,7 +42,7 @@ rule corpus:
         mem_mb=2000,
         runtime=30,
     params:
-        cfg=config["corpus"],
+        cfg=section("corpus"),
         seed=config["data_seed"],
     script:
         "../scripts/corpus.py"

@@ -23,7 +23,7 @@ rule evaluate:
         gpu=1 if USE_GPU else 0,
     params:
         tasks=eval_tasks,
-        cfg=config["evaluate"],
+        cfg=section("evaluate"),
     script:
         "../scripts/evaluate.py"
 
@@ -49,6 +49,6 @@ rule evaluate_base:
         gpu=1 if USE_GPU else 0,
     params:
         tasks=eval_tasks,
-        cfg=config["evaluate"],
+        cfg=section("evaluate"),
     script:
         "../scripts/evaluate.py"

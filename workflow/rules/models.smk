@@ -18,7 +18,7 @@ rule tokenizer:
         mem_mb=4000,
         runtime=30,
     params:
-        cfg=config["tokenizer"],
+        cfg=section("tokenizer"),
         allow_downloads=config["allow_downloads"],
         seed=config["data_seed"],
     script:
@@ -42,7 +42,7 @@ rule base_model:
         mem_mb=8000,
         runtime=120,
     params:
-        cfg=lambda w: config["models"][w.model],
+        cfg=lambda w: canonical(config["models"][w.model]),
         allow_downloads=config["allow_downloads"],
         seed=config["data_seed"],
     script:

@@ -20,6 +20,6 @@ rule score:
         mem_mb=8000,
         runtime=240,
     params:
-        cfg=config["score"],
+        cfg=section("score"),
     script:
         "../scripts/score.py"

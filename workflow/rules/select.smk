@@ -19,6 +19,6 @@ rule select:
         mem_mb=2000,
         runtime=10,
     params:
-        cfg=config["select"],
+        cfg=section("select"),
     script:
         "../scripts/select.py"

@@ -24,7 +24,7 @@ rule train:
         runtime=600,
         gpu=lambda w: int(w.gpus) if USE_GPU else 0,
     params:
-        cfg=lambda w: json.dumps(config["train"]),
+        cfg=json.dumps(section("train")),
     shell:
         "torchrun --standalone --nnodes 1 --nproc-per-node {wildcards.gpus}"
         " -m clusterft.train"
