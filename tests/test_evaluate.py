@@ -219,7 +219,7 @@ def test_bad_items_name_file_line_field(tmp_path):
                                      {"id": "b", "prompt": "p", "choices": ["x", "y"], "label": 2}])
     with pytest.raises(InputError, match=r"mc\.jsonl, line 2, field 'label'"):
         write_task_yamls([{"name": "mc", "output_type": "multiple_choice"}], bench, tmp_path / "t")
-    with pytest.raises(InputError, match="unknown evaluate config keys"):
+    with pytest.raises(InputError, match="unknown key"):
         write_task_yamls(["mc"], bench, tmp_path / "t", {"batchsize": 3})
 
 

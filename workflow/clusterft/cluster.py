@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from .config import merge_section
 from .errors import InputError
 
 log = logging.getLogger(__name__)
@@ -36,12 +37,7 @@ DEFAULTS: dict = {
 
 def merge_cfg(cfg: dict | None) -> dict:
     """Return ``cfg`` merged over DEFAULTS; unknown keys and bad values raise InputError."""
-    cfg = dict(cfg or {})
-    unknown = sorted(set(cfg) - set(DEFAULTS))
-    if unknown:
-        raise InputError(f"unknown key(s) {unknown}; known keys: {sorted(DEFAULTS)}",
-                         field="cluster")
-    out = {**DEFAULTS, **cfg}
+    out = merge_section(DEFAULTS, cfg, "cluster")
     for key in DEFAULTS:
         if int(out[key]) < 1:
             raise InputError(f"must be >= 1, got {out[key]}", field=f"cluster.{key}")

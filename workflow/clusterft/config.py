@@ -7,6 +7,7 @@ defined, cluster counts against pool sizes), before any expensive stage starts.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,23 @@ def check_config(cfg: dict, source: str = "config") -> None:
                                  f"skills/pycode/icd10 generators, or set benchmarks.lm_eval_tasks); "
                                  f"defined tasks: {', '.join(TASKS)}", path=source,
                                  field=f"datasets.{name}")
+
+
+def merge_section(defaults: dict[str, Any], cfg: dict[str, Any] | None, section: str,
+                  free: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A stage's config section merged over its DEFAULTS (deep copy, nested dicts merged).
+
+    Unknown keys raise InputError naming `section.key` and listing the known ones; nested
+    dicts of DEFAULTS are checked the same way unless their key is in `free` (free-form maps).
+    """
+    cfg = dict(cfg or {})
+    for k, v in cfg.items():
+        if k not in defaults:
+            raise InputError(f"unknown key '{k}'; known keys: "
+                             f"{sorted(defaults)}", field=f"{section}.{k}")
+        if isinstance(defaults[k], dict) and isinstance(v, dict) and k not in free:
+            merge_section(defaults[k], v, f"{section}.{k}")
+    return merged(copy.deepcopy(defaults), cfg)
 
 
 def merged(defaults: dict[str, Any], cfg: dict[str, Any] | None) -> dict[str, Any]:

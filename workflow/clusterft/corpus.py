@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from tqdm import tqdm
 
+from .config import merge_section
 from .errors import InputError
 from .io import write_json, write_text
 from .pools import ngrams, words
@@ -61,12 +62,7 @@ SKIP_PACKAGES = ("encodings/",)
 
 def merge_cfg(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     """DEFAULTS overridden by cfg; unknown keys raise InputError."""
-    cfg = dict(cfg or {})
-    unknown = sorted(set(cfg) - set(DEFAULTS))
-    if unknown:
-        raise InputError(f"unknown corpus keys {unknown}; known: {sorted(DEFAULTS)}",
-                         field="corpus")
-    return {**DEFAULTS, **cfg}
+    return merge_section(DEFAULTS, cfg, "corpus")
 
 
 # ------------------------------------------------------------------ excluded texts

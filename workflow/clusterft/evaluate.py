@@ -21,7 +21,6 @@ instruction. `run_evaluate` counts the prompts that do not fit and logs a warnin
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib.metadata
 import json
 import logging
@@ -33,6 +32,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import yaml
 
+from .config import merge_section
 from .errors import InputError
 from .io import read_jsonl, set_offline_env, write_json, write_text
 
@@ -77,12 +77,7 @@ TEMPLATE = {"multiple_choice": "multiple_choice.yaml", "generate_until": "genera
 
 def merge_cfg(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     """Return DEFAULTS overridden by cfg; unknown keys are an error."""
-    cfg = dict(cfg or {})
-    unknown = sorted(set(cfg) - set(DEFAULTS))
-    if unknown:
-        raise InputError(f"unknown evaluate config keys {unknown}; known: {sorted(DEFAULTS)}",
-                         field="evaluate")
-    return {**copy.deepcopy(DEFAULTS), **cfg}
+    return merge_section(DEFAULTS, cfg, "evaluate")
 
 
 def _templates_dir(cfg: Mapping[str, Any]) -> Path:

@@ -48,6 +48,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .config import merge_section
 from .errors import InputError
 
 log = logging.getLogger(__name__)
@@ -110,12 +111,7 @@ ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
 
 def merge_cfg(cfg: dict | None) -> dict:
     """Return ``cfg`` merged over DEFAULTS; unknown keys and bad values raise InputError."""
-    cfg = dict(cfg or {})
-    unknown = sorted(set(cfg) - set(DEFAULTS))
-    if unknown:
-        raise InputError(f"unknown key(s) {unknown}; known keys: {sorted(DEFAULTS)}",
-                         field="score")
-    out = {**DEFAULTS, **cfg}
+    out = merge_section(DEFAULTS, cfg, "score")
     for key, valid in (("method", METHODS), ("gradient_type", GRADIENT_TYPES),
                        ("projection", PROJECTIONS), ("attn_implementation", ATTN)):
         if out[key] not in valid:

@@ -33,6 +33,7 @@ import os
 
 import numpy as np
 
+from .config import merge_section
 from .errors import InputError
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,7 @@ WITHIN = ("random", "score", "centroid")
 
 def merge_cfg(cfg: dict | None) -> dict:
     """Return ``cfg`` merged over DEFAULTS; unknown keys and values raise InputError."""
-    cfg = dict(cfg or {})
-    unknown = sorted(set(cfg) - set(DEFAULTS))
-    if unknown:
-        raise InputError(f"unknown key(s) {unknown}; known keys: {sorted(DEFAULTS)}",
-                         field="select")
-    out = {**DEFAULTS, **cfg}
+    out = merge_section(DEFAULTS, cfg, "select")
     for key, valid in (("quota", QUOTAS), ("within", WITHIN)):
         if out[key] not in valid:
             raise InputError(f"unknown value '{out[key]}'; valid: {', '.join(valid)}",

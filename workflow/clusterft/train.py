@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import merged
+from .config import merge_section
 from .errors import InputError
 from .io import atomic_path, read_jsonl, set_offline_env, write_json
 from .models import lr_lambda
@@ -97,16 +97,7 @@ DEFAULTS: dict = {
 
 def train_config(cfg: dict | None) -> dict:
     """Merge ``cfg`` over DEFAULTS; unknown keys and bad values raise InputError."""
-    cfg = cfg or {}
-    for k, v in cfg.items():
-        if k not in DEFAULTS:
-            raise InputError(f"unknown train config key '{k}'; known: {', '.join(DEFAULTS)}",
-                             field=f"train.{k}")
-        if k == "lora" and isinstance(v, dict):
-            for lk in v:
-                if lk not in DEFAULTS["lora"]:
-                    raise InputError(f"unknown LoRA key '{lk}'", field=f"train.lora.{lk}")
-    out = merged(DEFAULTS, cfg)
+    out = merge_section(DEFAULTS, cfg, "train")
     if out["finetune"] not in ("full", "lora"):
         raise InputError(f"finetune must be full or lora, got '{out['finetune']}'", field="train.finetune")
     for k in ("epochs", "batch_size", "max_length"):
