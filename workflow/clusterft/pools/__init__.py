@@ -31,10 +31,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from types import ModuleType
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import InputError
 from ..prompt import render_example
 
 POOL_NAMES = ("skills", "pycode", "icd10")
@@ -263,6 +264,19 @@ class Built:
     items: dict[str, list[dict]]
     dropped: dict[str, int] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+
+
+def built_pool(name: str, chosen: Sequence[tuple[dict, str]], items: dict[str, list[dict]],
+               dropped: Mapping[str, int], extra: dict, min_examples: int | None = None) -> Built:
+    """Number the chosen (record, label) pairs and package them; with `min_examples`, too few
+    left after the caps and overlap checks is an error naming `<name>.min_examples`."""
+    if min_examples is not None and len(chosen) < int(min_examples):
+        raise InputError(f"only {len(chosen)} {name} examples remain after the caps and the "
+                         f"overlap checks (min_examples = {min_examples}); lower "
+                         "min_examples or loosen the caps", field=f"{name}.min_examples")
+    return Built(records=assign_ids(name, [r for r, _ in chosen]),
+                 labels=[lab for _, lab in chosen], items=items, dropped=dict(dropped),
+                 extra=extra)
 
 
 def assign_ids(prefix: str, records: Iterable[dict]) -> list[dict]:

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..prompt import render_prompt
-from . import Built, assign_ids, make_record, select_pool
+from . import Built, built_pool, make_record, select_pool
 
 DEFAULTS: dict = {
     # Pool size (examples); ICD-10 has ~12k codes x 6 instruction types to draw from.
@@ -244,11 +244,7 @@ def build(cfg: dict, seed: int = 0) -> Built:
             cands.append((make_record("", user, answer, f"icd10/{kind}"), c.chapter))
     cands = [cands[int(i)] for i in rng.permutation(len(cands))]
     chosen, dropped = select_pool(cands, items, cfg, int(cfg["n"]))
-    if len(chosen) < int(cfg["min_examples"]):
-        raise InputError(f"only {len(chosen)} icd10 examples remain after the caps and the "
-                         f"overlap checks (min_examples = {cfg['min_examples']}); lower "
-                         "min_examples or loosen the caps", field="icd10.min_examples")
-    records = assign_ids("icd10", [r for r, _ in chosen])
-    return Built(records=records, labels=[lab for _, lab in chosen], items=items,
-                 dropped=dict(dropped), extra={"codes": len(tree.codes), "held_out_categories": len(held),
-                        "pool_codes": len(pool_codes)})
+    return built_pool("icd10", chosen, items, dropped,
+                      extra={"codes": len(tree.codes), "held_out_categories": len(held),
+                             "pool_codes": len(pool_codes)},
+                      min_examples=cfg["min_examples"])

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..prompt import render_prompt
-from . import Built, assign_ids, make_record, select_pool, words
+from . import Built, built_pool, make_record, select_pool, words
 
 DEFAULTS: dict = {
     # Pool size cap (examples); the stdlib has fewer short functions than that at most caps.
@@ -315,10 +315,6 @@ def build(cfg: dict, seed: int = 0, root: Path | None = None) -> Built:
     same_body = len(rest) - len(cands)
     chosen, dropped = select_pool(cands, items, cfg, int(cfg["n"]))
     dropped["same_body_as_held_out"] = same_body
-    if len(chosen) < int(cfg["min_examples"]):
-        raise InputError(f"only {len(chosen)} pycode examples remain after the caps and the "
-                         f"overlap checks (min_examples = {cfg['min_examples']}); lower "
-                         "min_examples or loosen the caps", field="pycode.min_examples")
-    records = assign_ids("pycode", [r for r, _ in chosen])
-    return Built(records=records, labels=[lab for _, lab in chosen], items=items,
-                 dropped=dict(dropped), extra={"functions": len(funcs), "held_out": size})
+    return built_pool("pycode", chosen, items, dropped,
+                      extra={"functions": len(funcs), "held_out": size},
+                      min_examples=cfg["min_examples"])

@@ -31,7 +31,7 @@ from collections import Counter
 import numpy as np
 
 from ..prompt import render_prompt
-from . import Built, assign_ids, make_record, select_pool, zipf_counts
+from . import Built, built_pool, make_record, select_pool, zipf_counts
 
 DEFAULTS: dict = {
     # Pool size (examples).
@@ -306,7 +306,6 @@ def build(cfg: dict, seed: int = 0) -> Built:
         raise RuntimeError(f"skills: not enough clean candidates for {short}")
     order = rng.permutation(len(chosen))
     chosen = [chosen[int(i)] for i in order]
-    records = assign_ids("skills", [r for r, _ in chosen])
-    return Built(records=records, labels=[s for _, s in chosen], items=items,
-                 dropped=dict(dropped), extra={"skill_counts": dict(zip(SKILLS, counts))})
+    return built_pool("skills", chosen, items, dropped,
+                      extra={"skill_counts": dict(zip(SKILLS, counts))})
 
