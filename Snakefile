@@ -31,3 +31,4 @@ rule all:
     default_target: True
     input:
         report_outputs(),
+        CONTAMINATION_TABLE,

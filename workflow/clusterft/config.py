@@ -8,6 +8,7 @@ defined, cluster counts against pool sizes), before any expensive stage starts.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from .errors import InputError
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 METHODS = ("full", "random", "cluster")
 DISTRIBUTIONS = ("random", "balanced")
+# clusterft.tokenize.POLICIES (not imported: that pulls in torch at Snakefile parse time).
+TRUNCATION = ("truncate", "reject", "error")
 
 
 def budget_label(budget: float) -> str:
@@ -40,6 +43,37 @@ def load_config(path: str | Path, validate: bool = True) -> dict:
     return cfg
 
 
+def yaml_line(source: str | Path | None, field: str) -> int | None:
+    """1-based line of config field `field` ("a.b.1", "a.b[1]" or "a.b") in the YAML file
+    `source`; the deepest key found on the way if the field itself is not written there
+    (None if `source` is not a readable file)."""
+    if not source:
+        return None
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+        node = yaml.compose(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    line = None
+    for part in re.findall(r"[^.\[\]]+", field):
+        if isinstance(node, yaml.MappingNode):
+            nxt = next(((k, v) for k, v in node.value if getattr(k, "value", None) == part), None)
+            if nxt is None:
+                break
+            line, node = nxt[0].start_mark.line + 1, nxt[1]
+        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+            node = node.value[int(part)]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def config_error(message: str, source: str | None, field: str) -> InputError:
+    """InputError naming the config file, the line of `field` in it (if found) and `field`."""
+    return InputError(message, path=source, line=yaml_line(source, field), field=field)
+
+
 def validate_schema(cfg: dict, source: str = "config") -> None:
     """Validate against the JSON schema (as Snakemake does), filling schema defaults."""
     import jsonschema
@@ -50,7 +84,26 @@ def validate_schema(cfg: dict, source: str = "config") -> None:
     if errors:
         e = errors[0]
         field = ".".join(str(x) for x in e.absolute_path) or "(top level)"
-        raise InputError(e.message, path=source, field=field)
+        message = e.message
+        if e.validator == "additionalProperties" and "unexpected" in message:
+            extra = sorted(set(e.instance) - set(e.schema.get("properties", {})))
+            if extra:  # name the unknown key itself, and what is allowed there
+                field = ".".join([*map(str, e.absolute_path), str(extra[0])])
+                message = (f"unknown key '{extra[0]}'; allowed here: "
+                           f"{', '.join(sorted(e.schema.get('properties', {})))}")
+        raise config_error(message, source, field)
+
+
+def count_records(path: str | Path, stop: int | None = None) -> int:
+    """Non-blank lines of a JSONL file (counting stops at `stop`)."""
+    n = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                n += 1
+                if stop is not None and n >= stop:
+                    break
+    return n
 
 
 def tasks_for(cfg: dict, dataset: str) -> list[str]:
@@ -76,47 +129,77 @@ def tasks_for(cfg: dict, dataset: str) -> list[str]:
 def check_config(cfg: dict, source: str = "config") -> None:
     """Checks a schema cannot express; each error names the config field."""
     sweep = cfg["sweep"]
-    for i, b in enumerate(sweep["budgets"]):
-        if not 0 < float(b) <= 1:
-            raise InputError(f"budget {b} is outside (0, 1]", path=source, field=f"sweep.budgets[{i}]")
-    for key in ("methods",):
-        for i, m in enumerate(sweep[key]):
+    for key, budgets in (("budgets", sweep["budgets"]),
+                         ("time.budgets", sweep.get("time", {}).get("budgets", []))):
+        for i, b in enumerate(budgets):
+            if not 0 < float(b) <= 1:
+                raise config_error(f"budget {b} is outside (0, 1]", source, f"sweep.{key}[{i}]")
+    for key, methods in (("methods", sweep["methods"]),
+                         ("time.methods", sweep.get("time", {}).get("methods", []))):
+        for i, m in enumerate(methods):
             if m not in METHODS:
-                raise InputError(f"unknown method '{m}'; valid: {', '.join(METHODS)}",
-                                 path=source, field=f"sweep.{key}[{i}]")
+                raise config_error(f"unknown method '{m}'; valid: {', '.join(METHODS)}",
+                                   source, f"sweep.{key}[{i}]")
+    dists = [("accuracy.distribution", sweep.get("accuracy", {}).get("distribution"))]
+    dists += [(f"time.distributions[{i}]", x)
+              for i, x in enumerate(sweep.get("time", {}).get("distributions", []))]
+    gpus = [("accuracy.gpus", sweep.get("accuracy", {}).get("gpus"))]
+    gpus += [(f"time.gpus[{i}]", x) for i, x in enumerate(sweep.get("time", {}).get("gpus", []))]
+    for key, x in dists:
+        if x is not None and x not in DISTRIBUTIONS:
+            raise config_error(f"unknown distribution '{x}'; valid: {', '.join(DISTRIBUTIONS)}",
+                               source, f"sweep.{key}")
+    for key, x in gpus:
+        if x is not None and (not isinstance(x, int) or x <= 0):
+            raise config_error(f"gpus must be a positive integer, got {x!r}", source, f"sweep.{key}")
+    trunc = (cfg.get("train") or {}).get("truncation")
+    if trunc is not None and trunc not in TRUNCATION:
+        raise config_error(f"unknown truncation policy '{trunc}'; valid: {', '.join(TRUNCATION)}",
+                           source, "train.truncation")
     k = cfg.get("cluster", {}).get("k")
     for name, d in cfg["datasets"].items():
         n = d.get("n")
         if k is not None and n is not None and k > n:
-            raise InputError(f"cluster.k = {k} is larger than the pool size n = {n}",
-                             path=source, field=f"datasets.{name}.n")
+            raise config_error(f"cluster.k = {k} is larger than the pool size n = {n}",
+                               source, f"datasets.{name}.n")
+        if k is not None and d.get("source") == "jsonl" and d.get("path") and Path(d["path"]).is_file():
+            # Counted at check time (stops at k): the rule graph stays as it is, so
+            # prepare_data does not depend on cluster.k.
+            have = count_records(d["path"], stop=k)
+            if have < k:
+                raise config_error(f"cluster.k = {k} is larger than the pool of dataset '{name}': "
+                                   f"{d['path']} holds {have} records", source, "cluster.k")
     for name, m in cfg["models"].items():
-        if m.get("source") == "path" and not Path(m["path"]).exists():
-            raise InputError(f"model path '{m['path']}' does not exist", path=source,
-                             field=f"models.{name}.path")
+        if m.get("source") == "path" and not Path(m.get("path", "")).exists():
+            raise config_error(f"model path '{m.get('path')}' does not exist", source,
+                               f"models.{name}.path")
         if m.get("source") == "hub" and not cfg.get("allow_downloads", False):
             local = m.get("path")
             if not (local and Path(local).exists()):
                 # Allowed for dry runs (-n): the base_model rule raises before downloading.
                 pass
+    tok = cfg.get("tokenizer", {}) or {}
+    if tok.get("source") == "path" and not Path(tok.get("path") or "").exists():
+        raise config_error(f"tokenizer path '{tok.get('path')}' does not exist", source,
+                           "tokenizer.path")
     for name, d in cfg["datasets"].items():
-        if d.get("source") == "jsonl" and not Path(d["path"]).exists():
-            raise InputError(f"dataset file '{d['path']}' does not exist", path=source,
-                             field=f"datasets.{name}.path")
+        if d.get("source") == "jsonl" and not Path(d.get("path") or "").is_file():
+            raise config_error(f"dataset file '{d.get('path')}' does not exist", source,
+                               f"datasets.{name}.path")
     named = cfg.get("benchmarks", {}).get("lm_eval_tasks")
     if not named:
         from .benchmarks import TASKS
 
         for i, t in enumerate(cfg.get("benchmarks", {}).get("tasks", []) or []):
             if t not in TASKS:
-                raise InputError(f"benchmark task '{t}' is not defined; defined: {', '.join(TASKS)}",
-                                 path=source, field=f"benchmarks.tasks[{i}]")
+                raise config_error(f"benchmark task '{t}' is not defined; defined: "
+                                   f"{', '.join(TASKS)}", source, f"benchmarks.tasks[{i}]")
         for name in cfg["datasets"]:
             if not tasks_for(cfg, name):
-                raise InputError(f"no benchmark task evaluates dataset '{name}' (tasks come from the "
-                                 f"skills/pycode/icd10 generators, or set benchmarks.lm_eval_tasks); "
-                                 f"defined tasks: {', '.join(TASKS)}", path=source,
-                                 field=f"datasets.{name}")
+                raise config_error(f"no benchmark task evaluates dataset '{name}' (tasks come from "
+                                   "the skills/pycode/icd10 generators, or set "
+                                   f"benchmarks.lm_eval_tasks); defined tasks: {', '.join(TASKS)}",
+                                   source, f"datasets.{name}")
 
 
 def merge_section(defaults: dict[str, Any], cfg: dict[str, Any] | None, section: str,

@@ -150,6 +150,30 @@ def _check_unique(ids: dict[str, int], rid: str, path: str, line: int) -> None:
     ids[rid] = line
 
 
+def _non_utf8_field(raw: bytes) -> str:
+    """The field holding the first bytes that are not UTF-8 ('(record)' if not found)."""
+    try:
+        rec = json.loads(raw.decode("utf-8", errors="surrogateescape"))
+    except ValueError:
+        return "(record)"
+
+    def bad(text: str) -> bool:
+        return any("\udc80" <= ch <= "\udcff" for ch in text)
+
+    def find(obj: Any, where: str) -> str | None:
+        if isinstance(obj, str):
+            return where if bad(obj) else None
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+        for k, v in items:
+            sub = f"{where}[{k}]" if isinstance(k, int) else (f"{where}.{k}" if where else str(k))
+            hit = sub if isinstance(k, str) and bad(k) else find(v, sub)
+            if hit:
+                return hit
+        return None
+
+    return find(rec, "") or "(record)"
+
+
 def load_pool(path: str | os.PathLike, max_examples: int | None = None) -> list[dict]:
     """Read and validate a pool JSONL file (the first `max_examples` records if given)."""
     p = Path(path)
@@ -164,20 +188,23 @@ def load_pool(path: str | os.PathLike, max_examples: int | None = None) -> list[
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise InputError(f"not valid UTF-8 ({e.reason} at byte {e.start}); save the "
-                                 "file as UTF-8", path=str(p), line=lineno) from e
+                raise InputError(f"not valid UTF-8 ({e.reason} at byte {e.start} of the line); "
+                                 "save the file as UTF-8", path=str(p), line=lineno,
+                                 field=_non_utf8_field(raw)) from e
             if not text.strip():
                 continue
             try:
                 rec = json.loads(text)
             except json.JSONDecodeError as e:
-                raise InputError(f"malformed JSON: {e.msg} (column {e.colno})", path=str(p),
-                                 line=lineno) from e
+                raise InputError(f"malformed JSON: {e.msg} (column {e.colno}); each line must "
+                                 "be one complete JSON object", path=str(p), line=lineno,
+                                 field="(record)") from e
             rec = validate_example(rec, p, lineno)
             _check_unique(ids, rec["id"], str(p), lineno)
             out.append(rec)
     if not out:
-        raise InputError("pool is empty: no examples found", path=str(p))
+        raise InputError("pool is empty: no examples found (blank lines only)", path=str(p),
+                         field="(record)")
     return out
 
 

@@ -18,3 +18,4 @@ class InputError(ValueError):
         prefix = ": ".join([", ".join(where)]) + ": " if where else ""
         super().__init__(prefix + message)
         self.path, self.line, self.field = path, line, field
+        self.message = message

@@ -11,6 +11,7 @@ Truncation policy when the example is longer than ``max_length``:
   up to ``max_length // 2`` tokens and the prompt is cut at the LEFT after ``<s>`` (its
   end, ``### Response:``, is what the model needs to see last).
 - ``reject``: return ``None``; the caller drops the example and counts it.
+- ``error``: raise InputError naming the example (file, line, id) and its length.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .errors import InputError
 from .prompt import render_example
 
 IGNORE_INDEX = -100
-POLICIES = ("truncate", "reject")
+POLICIES = ("truncate", "reject", "error")
 
 
 def check_messages(messages, where: str | None = None, line: int | None = None) -> None:
@@ -44,7 +45,8 @@ def encode_example(tokenizer, messages: list[dict], max_length: int,
                    policy: str = "truncate") -> dict | None:
     """Tokenise one example; returns dict(input_ids, labels, length, truncated) or None.
 
-    ``None`` only under ``policy='reject'`` when the example is longer than ``max_length``.
+    ``None`` only under ``policy='reject'`` when the example is longer than ``max_length``;
+    under ``policy='error'`` such an example raises InputError (field ``messages``).
     """
     if policy not in POLICIES:
         raise InputError(f"unknown truncation policy '{policy}' ({'|'.join(POLICIES)})",
@@ -61,6 +63,10 @@ def encode_example(tokenizer, messages: list[dict], max_length: int,
     if truncated:
         if policy == "reject":
             return None
+        if policy == "error":
+            raise InputError(f"example is {len(p_ids) + len(r_ids)} tokens, longer than "
+                             f"max_length = {max_length} (truncation policy 'error'; use "
+                             "truncate or reject to keep going)", field="messages")
         room = max_length - len(p_ids)
         if room >= 1:
             r_ids = r_ids[:room]
@@ -76,11 +82,21 @@ def encode_example(tokenizer, messages: list[dict], max_length: int,
 
 
 def encode_records(tokenizer, records: Sequence[dict], max_length: int,
-                   policy: str = "truncate") -> tuple[list[dict], list[int]]:
-    """Encode pool records; returns (encoded kept examples, indices of rejected ones)."""
+                   policy: str = "truncate", where: str | None = None,
+                   lines: Sequence[int] | None = None) -> tuple[list[dict], list[int]]:
+    """Encode pool records; returns (encoded kept examples, indices of rejected ones).
+
+    Errors name `where` (the pool file), the record's line (`lines[i]`, else i + 1) and id.
+    """
     kept, rejected = [], []
     for i, rec in enumerate(records):
-        enc = encode_example(tokenizer, rec["messages"], max_length, policy)
+        try:
+            enc = encode_example(tokenizer, rec["messages"], max_length, policy)
+        except InputError as e:
+            if e.path is not None or where is None:
+                raise
+            raise InputError(f"record id {rec.get('id')!r}: {e.message}", path=where,
+                             line=lines[i] if lines is not None else i + 1, field=e.field) from e
         if enc is None:
             rejected.append(i)
         else:

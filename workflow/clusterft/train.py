@@ -37,7 +37,7 @@ from .config import merge_section
 from .errors import InputError
 from .io import atomic_path, read_jsonl, set_offline_env, write_json
 from .models import lr_lambda
-from .tokenize import Collator, check_messages, encode_records
+from .tokenize import POLICIES, Collator, check_messages, encode_records
 
 DISTRIBUTIONS = ("random", "balanced")
 
@@ -58,7 +58,9 @@ DEFAULTS: dict = {
     "batch_size": 8,
     # Longest example in tokens (prompt + response + BOS/EOS).
     "max_length": 256,
-    # Longer examples: truncate (cut the response end; see clusterft.tokenize) | reject (drop).
+    # Longer examples: truncate (cut the response end; see clusterft.tokenize; counted in
+    # train_metrics truncated_examples) | reject (drop; counted in rejected_examples) | error
+    # (stop, naming the pool file, line and record id).
     "truncation": "truncate",
     # Gradient-norm clip (0 disables).
     "grad_clip": 1.0,
@@ -103,7 +105,31 @@ def train_config(cfg: dict | None) -> dict:
     for k in ("epochs", "batch_size", "max_length"):
         if int(out[k]) < 1:
             raise InputError(f"{k} must be >= 1, got {out[k]}", field=f"train.{k}")
+    if out["truncation"] not in POLICIES:
+        raise InputError(f"truncation must be one of {'|'.join(POLICIES)}, got "
+                         f"'{out['truncation']}'", field="train.truncation")
     return out
+
+
+def die_with_launcher() -> None:
+    """Under torchrun, let this rank die with its launcher (Linux PR_SET_PDEATHSIG).
+
+    torchrun starts every rank in a session of its own, so a job killed with SIGKILL (its
+    process group, e.g. a killed Snakemake run) would leave the ranks training, and rank 0
+    writing the outputs, behind the back of the rerun that resumes from the checkpoint.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os._exit(1)
 
 
 def parse_config_arg(value: str | None) -> dict:
@@ -530,16 +556,22 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
         threads = set_threads(cfg, d)
         seed_everything(seed)
         tokenizer = load_tokenizer(model_dir)
-        records, clusters = select_records(read_jsonl(pool), read_selection(selection),
+        pool_records = read_jsonl(pool)
+        records, clusters = select_records(pool_records, read_selection(selection),
                                            str(pool), str(selection))
+        line_of = {r.get("id"): i + 1 for i, r in enumerate(pool_records)}
         examples, rejected = encode_records(tokenizer, records, int(cfg["max_length"]),
-                                            cfg["truncation"])
+                                            cfg["truncation"], where=str(pool),
+                                            lines=[line_of[r["id"]] for r in records])
         if rejected:
             keep = np.setdiff1d(np.arange(len(records)), rejected)
             clusters = clusters[keep]
         if not examples:
-            raise InputError(f"every selected example is longer than max_length "
-                             f"{cfg['max_length']}", field="train.max_length")
+            raise InputError(f"all {len(records)} selected records (pool lines "
+                             f"{line_of[records[0]['id']]}-{line_of[records[-1]['id']]}) are longer "
+                             f"than max_length = {cfg['max_length']} and truncation = 'reject' "
+                             "dropped them: nothing left to train on", path=str(pool),
+                             field="train.max_length")
         model = load_model(model_dir, cfg)
         seed_everything(seed * 1000 + d.rank)  # per-rank dropout streams
         ckpt_dir = Path(str(out_dir).rstrip("/") + ".ckpt") if int(cfg["checkpoint_every"]) > 0 else None
@@ -581,6 +613,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--config", default=None, help="train config: YAML/JSON file or inline JSON")
     args = ap.parse_args(argv)
+    die_with_launcher()
     try:
         run_train(args.model, args.pool, args.selection, args.out, args.metrics,
                   args.distribution, args.seed, parse_config_arg(args.config))

@@ -6,8 +6,6 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-validate(config, schema="../schemas/config.schema.yaml")
-
 # The package lives in workflow/clusterft; make it importable by every job,
 # installed (pip install -e .) or not, with or without --sdm conda.
 # Jobs inherit this environment; the venv's bin (torchrun) goes first on PATH too.
@@ -26,9 +24,16 @@ os.environ.update(
 if PKG_DIR not in sys.path:
     sys.path.insert(0, PKG_DIR)
 
-from clusterft.config import check_config, tasks_for, budget_label
+from clusterft.config import check_config, tasks_for, budget_label, validate_schema
 
-check_config(config)
+# Errors name the config file, the line and the field (the last --configfile, which sets
+# most keys; config/config.yaml when none is given).
+CONFIG_SOURCE = str(
+    (workflow.config_settings.configfiles or ["config/config.yaml"])[-1]
+)
+validate_schema(config, source=CONFIG_SOURCE)
+validate(config, schema="../schemas/config.schema.yaml")  # fills the schema's defaults
+check_config(config, source=CONFIG_SOURCE)
 
 ENV = "../../envs/clusterft.yaml"
 DATASETS = list(config["datasets"])
@@ -169,6 +174,25 @@ def canonical(obj):
 def section(name):
     """A config section for a rule's params (the package merges its DEFAULTS)."""
     return canonical(config.get(name, {}))
+
+
+CONTAMINATION_TABLE = "results/tables/contamination.csv"
+
+
+def decontaminate_cfg(wildcards):
+    """benchmarks.decontaminate / max_overlap and the dataset's overlap-check keys only
+    (so that changing e.g. the pool size alone reruns prepare_data, not this twice)."""
+    from clusterft.pools import OVERLAP_DEFAULTS
+
+    bench = config["benchmarks"]
+    d = config["datasets"][wildcards.dataset]
+    return canonical(
+        {
+            "action": bench.get("decontaminate", "drop"),
+            "max_overlap": bench.get("max_overlap", 0),
+            **{k: d[k] for k in OVERLAP_DEFAULTS if k in d},
+        }
+    )
 
 
 def dataset_cfg(wildcards):

@@ -4,7 +4,7 @@
 
 rule prepare_data:
     output:
-        pool="results/data/{dataset}/pool.jsonl",
+        pool="results/data/{dataset}/pool.raw.jsonl",
         labels="results/data/{dataset}/labels.parquet",
         summary="results/data/{dataset}/summary.json",
         benchmarks=directory("results/benchmarks/{dataset}"),
@@ -25,9 +25,56 @@ rule prepare_data:
         "../scripts/prepare_data.py"
 
 
+# Every pool against every benchmark task's items (exact, 13-gram, near-duplicate):
+# overlapping examples dropped or flagged (benchmarks.decontaminate); fails if more than
+# benchmarks.max_overlap overlapping examples remain for a task. Runs before score.
+rule decontaminate:
+    input:
+        pool="results/data/{dataset}/pool.raw.jsonl",
+        benchmarks=expand("results/benchmarks/{dataset}", dataset=DATASETS),
+    output:
+        pool="results/data/{dataset}/pool.jsonl",
+        counts="results/data/{dataset}/contamination.csv",
+    log:
+        "logs/decontaminate/{dataset}.log",
+    benchmark:
+        "benchmarks/out/decontaminate/{dataset}.tsv"
+    conda:
+        ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    params:
+        cfg=decontaminate_cfg,
+    script:
+        "../scripts/decontaminate.py"
+
+
+rule contamination_table:
+    input:
+        expand("results/data/{dataset}/contamination.csv", dataset=DATASETS),
+    output:
+        report(
+            CONTAMINATION_TABLE,
+            caption="../report/contamination.rst",
+            category="Tables",
+        ),
+    log:
+        "logs/contamination_table.log",
+    conda:
+        ENV
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    script:
+        "../scripts/contamination_table.py"
+
+
 rule corpus:
     input:
-        pools=expand("results/data/{dataset}/pool.jsonl", dataset=DATASETS),
+        pools=expand("results/data/{dataset}/pool.raw.jsonl", dataset=DATASETS),
         benchmarks=expand("results/benchmarks/{dataset}", dataset=DATASETS),
     output:
         "results/corpus/general.txt",
