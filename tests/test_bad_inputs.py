@@ -47,7 +47,7 @@ def check(err: InputError, path: str | Path, line: int | None, field: str, patte
 
 DATA = [
     # file, line, field, message pattern
-    ("malformed_json.jsonl", 2, "(record)", r"malformed JSON: .*column \d+"),
+    ("malformed_json.jsonl", 2, "(record)", r"malformed JSON: Expecting .* \(character \d+ of the line\)"),
     ("missing_messages.jsonl", 2, "messages", r"missing; expected a list"),
     ("missing_role.jsonl", 3, "messages[0].role", r"missing role"),
     ("no_user_message.jsonl", 1, "messages", r"at least one user message"),

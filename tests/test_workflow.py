@@ -7,6 +7,7 @@ lm-eval, the report. Then checks that a completed run reruns nothing and that ch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -70,8 +71,15 @@ def test_outputs_exist_and_are_real(smoke_run: Path) -> None:
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     metrics = json.loads(next((smoke_run / "results" / "train").rglob("train_metrics.json")).read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] > 0
+    # every pool x every benchmark task of every dataset, nothing overlapping left
+    cont = pd.read_csv(tables / "contamination.csv")
+    from clusterft.benchmarks import TASKS
+
+    tasks = {t for t, spec in TASKS.items() if spec.dataset in ("skills", "icd10")}
+    assert set(zip(cont["dataset"], cont["task"])) == {(d, t) for d in ("skills", "icd10") for t in tasks}
+    assert (cont["remaining"] == 0).all() and (cont["action"] == "drop").all()
     # every rule wrote a log and a benchmark file
-    for rule in ("prepare_data", "score", "cluster", "select", "train", "evaluate"):
+    for rule in ("prepare_data", "decontaminate", "score", "cluster", "select", "train", "evaluate"):
         assert list((smoke_run / "logs" / rule).rglob("*.log")), rule
         assert list((smoke_run / "benchmarks" / "out" / rule).rglob("*.tsv")), rule
 
@@ -96,3 +104,159 @@ def test_changing_k_reruns_cluster_onward_not_score(smoke_run: Path, tmp_path: P
     assert plan.get("cluster") == 2  # one per dataset x model x seed
     assert {"select", "train", "evaluate", "report"} <= set(plan)
     assert not {"score", "prepare_data", "base_model", "tokenizer", "corpus", "evaluate_base"} & set(plan)
+
+
+# ------------------------------------------------------------------------ determinism
+
+SELECTIONS = [f"results/select/{d}/tiny/{m}/s{{seed}}/selection.parquet"
+              for d in ("skills", "icd10") for m in ("full-1", "random-0.31", "cluster-0.31")]
+EVAL = "results/eval/skills/tiny/cluster-0.31/g2-balanced/s0/results.json"
+
+
+def config_copy(tmp_path: Path, name: str, edit) -> Path:
+    cfg = yaml.safe_load(SMOKE.read_text())
+    edit(cfg)
+    out = tmp_path / f"{name}.yaml"
+    out.write_text(yaml.safe_dump(cfg))
+    return out
+
+
+def eval_numbers(path: Path) -> dict:
+    res = json.loads(path.read_text())
+    return {"average": res["average"],
+            **{t: (v["value"], v["stderr"], v["n"]) for t, v in res["tasks"].items()}}
+
+
+def test_same_seed_same_selection_and_eval_other_seed_differs(smoke_run: Path, tmp_path: Path) -> None:
+    """A second run from scratch (up to select, plus one train + evaluate) with the same seed
+    gives byte-identical selections and the same evaluation numbers; seed 1 (a config copy
+    with seeds: [1]) selects differently."""
+    again = tmp_path / "again"
+    again.mkdir()
+    snakemake(again, *[s.format(seed=0) for s in SELECTIONS], EVAL)
+    for s in SELECTIONS:
+        a, b = (smoke_run / s.format(seed=0)), (again / s.format(seed=0))
+        assert a.read_bytes() == b.read_bytes(), s
+        summary = s.format(seed=0).replace(".parquet", ".json")
+        assert (smoke_run / summary).read_bytes() == (again / summary).read_bytes(), summary
+    assert eval_numbers(smoke_run / EVAL) == eval_numbers(again / EVAL)
+
+    def seed1(c):
+        c["seeds"] = [1]
+        c["sweep"]["time"]["seeds"] = [1]
+
+    other = config_copy(tmp_path, "seed1", seed1)
+    targets = [s.format(seed=1) for s in SELECTIONS if "full-1" not in s]
+    assert set(planned_rules(again, *targets, configfile=other)) == {"score", "cluster", "select"}
+    snakemake(again, *targets, configfile=other)
+    for s in targets:
+        a = pd.read_parquet(again / s.replace("/s1/", "/s0/"))
+        b = pd.read_parquet(again / s)
+        assert len(a) == len(b) and set(a["id"]) != set(b["id"]), s
+
+
+# --------------------------------------------------------------------- SIGKILL + resume
+
+RUN = "results/train/skills/tiny/full-1/g2-balanced/s0"
+TARGET = f"{RUN}/train_metrics.json"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def upstream_mtimes(workdir: Path) -> dict[str, int]:
+    """mtime of every result file that is not the killed train run's."""
+    return {str(p.relative_to(workdir)): p.stat().st_mtime_ns
+            for p in (workdir / "results").rglob("*") if p.is_file() and RUN not in str(p)}
+
+
+def final_state(workdir: Path) -> tuple[dict, dict]:
+    from safetensors.torch import load_file
+
+    metrics = json.loads((workdir / TARGET).read_text())
+    return load_file(str(workdir / RUN / "model" / "model.safetensors")), metrics
+
+
+def test_sigkill_mid_epoch_then_rerun_resumes_to_the_same_model(smoke_run: Path, tmp_path: Path) -> None:
+    import shutil
+    import signal
+    import time
+
+    import torch
+
+    work = tmp_path / "killed"
+    shutil.copytree(smoke_run, work, symlinks=True)  # mtimes and .snakemake metadata kept
+    cfg = config_copy(tmp_path, "ckpt", lambda c: c["train"].update(epochs=2, checkpoint_every=2))
+    assert planned_rules(work, TARGET, configfile=cfg) == {"train": 1}  # train params changed
+    before = upstream_mtimes(work)
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
+           "--configfile", str(cfg), "--cores", "2", TARGET]
+    ckpt = work / (RUN + "/model.ckpt") / "state.pt"
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.time() + 180
+            while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            assert ckpt.exists(), (tmp_path / "killed.log").read_text()[-3000:]
+            tree = descendants(proc.pid)  # torchrun and its ranks (in sessions of their own)
+            assert any("clusterft.train" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                       for p in tree if alive(p))
+            os.killpg(proc.pid, signal.SIGKILL)  # the job's process group, as a scheduler would
+            proc.wait(timeout=30)
+            deadline = time.time() + 30
+            while any(alive(p) for p in tree) and time.time() < deadline:
+                time.sleep(0.1)
+            survivors = [p for p in tree if alive(p)]
+        finally:
+            for p in descendants(proc.pid) + ([proc.pid] if proc.poll() is None else []):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+    assert not survivors, "training ranks outlived the killed workflow"
+    assert not (work / TARGET).exists()  # killed mid-epoch: no output looks complete
+    step = torch.load(ckpt, weights_only=False)["step"]
+    assert 2 <= step < 50, step
+
+    snakemake(work, "--unlock", configfile=cfg)
+    rerun = snakemake(work, "--rerun-incomplete", TARGET, configfile=cfg)
+    ran = re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", rerun.stdout + rerun.stderr)
+    assert ran == ["train"], ran  # no completed upstream rule ran again
+    assert upstream_mtimes(work) == before
+    resumed_w, resumed = final_state(work)
+    assert resumed["resumed_from_step"] is not None and resumed["resumed_from_step"] >= step
+    assert not (work / (RUN + "/model.ckpt")).exists()  # removed once training completed
+
+    snakemake(work, "--force", TARGET, configfile=cfg)  # uninterrupted, same seed
+    full_w, full = final_state(work)
+    assert full["resumed_from_step"] is None
+    assert set(full_w) == set(resumed_w)
+    assert all(torch.equal(full_w[k], resumed_w[k]) for k in full_w)
+    for key in ("steps", "tokens", "loss_tokens", "padded_tokens", "examples", "epochs",
+                "per_rank_tokens_per_step", "loss_curve", "final_loss", "epoch_losses"):
+        assert resumed[key] == full[key], key
+    assert full["steps"] == 50

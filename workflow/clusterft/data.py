@@ -196,8 +196,9 @@ def load_pool(path: str | os.PathLike, max_examples: int | None = None) -> list[
             try:
                 rec = json.loads(text)
             except json.JSONDecodeError as e:
-                raise InputError(f"malformed JSON: {e.msg} (column {e.colno}); each line must "
-                                 "be one complete JSON object", path=str(p), line=lineno,
+                raise InputError(f"malformed JSON: {e.msg} (character {e.pos + 1} of the line); "
+                                 "each line must be one complete JSON object", path=str(p),
+                                 line=lineno,
                                  field="(record)") from e
             rec = validate_example(rec, p, lineno)
             _check_unique(ids, rec["id"], str(p), lineno)

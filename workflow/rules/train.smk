@@ -1,5 +1,8 @@
 # Data-parallel fine-tuning with torch.distributed, launched by torchrun:
 # one process per GPU (gloo CPU ranks in the embedded default).
+# With train.checkpoint_every, checkpoints go to <model>.ckpt/ beside the declared outputs:
+# after a killed run, `snakemake --rerun-incomplete` deletes the incomplete outputs and the
+# rerun resumes from the checkpoint (tests/test_workflow.py kills one with SIGKILL).
 
 
 rule train:
