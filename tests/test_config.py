@@ -102,6 +102,25 @@ def test_missing_dataset_file_is_rejected(tmp_path: Path) -> None:
         check_config(cfg)
 
 
+def test_undefined_time_sweep_model_is_rejected() -> None:
+    cfg = _edit(lambda c: c["sweep"]["time"].update(models=["small", "medium"]))
+    with pytest.raises(InputError, match=r"sweep\.time\.models\[1\].*'medium' is not defined"):
+        check_config(cfg)
+
+
+def test_time_sweep_models_restrict_the_time_runs(tmp_path: Path) -> None:
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg["sweep"]["time"]["models"] = ["small"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = _snakemake("-n", "--directory", str(tmp_path), "--configfile", str(tmp_path / "c.yaml"),
+                     cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    assert "results/train/skills/small/full-1/g4-random/s0" in text
+    assert "results/train/skills/large/full-1/g4-random/s0" not in text
+    assert "results/train/skills/large/full-1/g2-balanced/s0" in text  # accuracy runs stay
+
+
 def _snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *args],

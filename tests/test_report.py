@@ -194,3 +194,20 @@ def test_to_markdown_escapes_and_formats():
 
 def test_defaults_documented():
     assert {"claim_budget", "near_full_tolerance"} <= set(DEFAULTS)
+
+
+def test_findings_count_tasks_where_full_clearly_beats_base(tmp_path):
+    # n = 200 items: 2 SE of 0.30 vs 0.60 is ~0.095 (clear), of 0.00 vs 0.01 ~0.014 (not clear).
+    runs = make_runs(tmp_path, {"base@0": (0.30, 0.00), "full@1.0": (0.60, 0.01)}, seeds=(0,))
+    df, tasks = load_runs(runs)
+    acc = accuracy_table(df, tasks)
+    text = findings_text(acc, time_table(df), tasks=tasks)
+    line = next(ln for ln in text.splitlines() if ln.startswith("- **small**"))
+    assert "1 of 2 tasks" in line and "gen_task (0.000 → 0.010)" in line
+    assert "mc_task" not in line.split("not clearly")[1]
+    sub = tmp_path / "b"
+    sub.mkdir()
+    runs = make_runs(sub, {"base@0": (0.30, 0.00), "full@1.0": (0.60, 0.20)}, seeds=(0,))
+    df, tasks = load_runs(runs)
+    text = findings_text(accuracy_table(df, tasks), time_table(df), tasks=tasks)
+    assert "- **small**: 2 of 2 tasks." in text

@@ -77,7 +77,7 @@ def time_runs():
     """Runs of the time sweep: full data and the chosen methods across GPU counts and distributions."""
     t = config["sweep"]["time"]
     for dataset, model, seed, gpus, dist in product(
-        DATASETS, MODELS, t["seeds"], t["gpus"], t["distributions"]
+        DATASETS, t.get("models", MODELS), t["seeds"], t["gpus"], t["distributions"]
     ):
         yield dict(
             dataset=dataset,
