@@ -103,7 +103,8 @@ def test_changing_k_reruns_cluster_onward_not_score(smoke_run: Path, tmp_path: P
     plan = planned_rules(smoke_run, configfile=edited)
     assert plan.get("cluster") == 2  # one per dataset x model x seed
     assert {"select", "train", "evaluate", "report"} <= set(plan)
-    assert not {"score", "prepare_data", "base_model", "tokenizer", "corpus", "evaluate_base"} & set(plan)
+    assert not {"score", "prepare_data", "decontaminate", "contamination_table", "base_model", "tokenizer",
+                "corpus", "evaluate_base"} & set(plan)
 
 
 # ------------------------------------------------------------------------ determinism
@@ -260,3 +261,51 @@ def test_sigkill_mid_epoch_then_rerun_resumes_to_the_same_model(smoke_run: Path,
                 "per_rank_tokens_per_step", "loss_curve", "final_loss", "epoch_losses"):
         assert resumed[key] == full[key], key
     assert full["steps"] == 50
+
+
+# ----------------------------------------------------------------------- contamination
+
+def test_workflow_stops_on_remaining_overlap_and_drop_cleans_it(tmp_path: Path) -> None:
+    """A user's pool with a planted skills benchmark item: with decontaminate: flag the
+    workflow stops before scoring, naming the pool, the task and the count; with drop the
+    item is gone from pool.jsonl and counted in contamination.csv."""
+    from clusterft.data import run_prepare_data
+    from clusterft.io import write_jsonl
+
+    smoke = yaml.safe_load(SMOKE.read_text())
+    skills = {"items_per_task": smoke["benchmarks"]["items_per_task"], **smoke["datasets"]["skills"]}
+    ref = tmp_path / "ref"
+    run_prepare_data("skills", skills, ref / "pool.jsonl", ref / "labels.parquet", ref / "bench",
+                     seed=smoke["data_seed"])
+    item = json.loads((ref / "bench" / "skills_words.jsonl").read_text().splitlines()[3])
+    user = item["prompt"].removeprefix("### Instruction:\n").removesuffix("\n\n### Response:\n")
+    recs = [{"id": f"mine-{i}", "messages": [{"role": "user", "content": f"Say the number {i}."},
+                                             {"role": "assistant", "content": f" {i}"}]}
+            for i in range(6)]
+    recs.insert(2, {"id": "planted", "messages": [{"role": "user", "content": user},
+                                                  {"role": "assistant", "content": item["answer"]}]})
+    write_jsonl(tmp_path / "mine.jsonl", recs)
+
+    def mine(action):
+        def edit(c):
+            c["datasets"]["mine"] = {"domain": "programming", "source": "jsonl",
+                                     "path": str(tmp_path / "mine.jsonl")}
+            c["benchmarks"].update(decontaminate=action, lm_eval_tasks={"programming": ["x"]})
+        return edit
+
+    work = tmp_path / "work"
+    work.mkdir()
+    target = "results/data/mine/pool.jsonl"
+    out = snakemake(work, target, check=False, configfile=config_copy(tmp_path, "flag", mine("flag")))
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and not (work / target).exists()
+    assert re.search(r"pool\.raw\.jsonl, line 3, field 'benchmarks\.max_overlap': pool 'mine' still "
+                     r"has 1 examples overlapping benchmark task 'skills_words' .*record 'planted'", text), \
+        text[-3000:]
+    snakemake(work, target, "results/data/mine/contamination.csv",
+              configfile=config_copy(tmp_path, "drop", mine("drop")))
+    assert [json.loads(x)["id"] for x in (work / target).read_text().splitlines()] == \
+        [r["id"] for r in recs if r["id"] != "planted"]
+    table = pd.read_csv(work / "results/data/mine/contamination.csv").set_index("task")
+    assert table.loc["skills_words", "dropped"] == 1 and table["remaining"].sum() == 0
+    assert table.loc["skills_words", ["exact", "ngram", "similar"]].sum() == 1

@@ -330,6 +330,7 @@ def run_prepare_data(dataset: str, cfg: Mapping[str, Any] | None, out_pool: str 
     write_pool(out_pool, records)
     write_parquet(out_labels, pd.DataFrame({"id": [r["id"] for r in records],
                                             "label": [str(x) for x in labels]}))
+    Path(out_bench_dir).mkdir(parents=True, exist_ok=True)  # empty for a user's own pool
     for task, its in items.items():
         write_jsonl(Path(out_bench_dir) / f"{task}.jsonl", its)
     summary = {
