@@ -360,8 +360,10 @@ def save_checkpoint(ckpt_dir: Path, inner, opt, sched, state: dict, d: Dist) -> 
     if d.rank == 0:
         blob = {"model": inner.state_dict(), "optimizer": opt.state_dict(),
                 "scheduler": sched.state_dict(), "rng": rngs, **state}
-        with atomic_path(ckpt_dir, is_dir=True) as tmp:
-            torch.save(blob, Path(tmp) / "state.pt")
+        # One file replaced atomically (not the folder: replacing a folder removes the old
+        # one first, and a kill in between would leave no checkpoint at all).
+        with atomic_path(Path(ckpt_dir) / "state.pt") as tmp:
+            torch.save(blob, tmp)
     if d.initialized:
         dist.barrier()
 
