@@ -153,3 +153,19 @@ def test_lint_and_format_are_clean() -> None:
     fmt = subprocess.run([str(Path(sys.executable).parent / "snakefmt"), "--check", str(ROOT)],
                          capture_output=True, text=True)
     assert fmt.returncode == 0, fmt.stderr[-2000:]
+
+
+def test_every_rule_has_log_benchmark_conda_and_resources() -> None:
+    """Catalog convention: every rule (but `all`) declares log, benchmark, conda, threads
+    and resources."""
+    import re
+
+    for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        text = smk.read_text()
+        blocks = re.split(r"^(?=rule \w+:)", text, flags=re.M)
+        for block in blocks:
+            m = re.match(r"rule (\w+):", block)
+            if not m or m.group(1) == "all":
+                continue
+            for key in ("log:", "benchmark:", "conda:", "threads:", "resources:"):
+                assert f"\n    {key}" in block, f"{smk.name}: rule {m.group(1)} has no {key}"

@@ -158,9 +158,8 @@ def check_config(cfg: dict, source: str = "config") -> None:
                            source, "train.truncation")
     for i, m in enumerate(sweep.get("time", {}).get("models", []) or []):
         if m not in cfg["models"]:
-            raise InputError(f"time-sweep model '{m}' is not defined under models; defined: "
-                             f"{', '.join(cfg['models'])}", path=source,
-                             field=f"sweep.time.models[{i}]")
+            raise config_error(f"time-sweep model '{m}' is not defined under models; defined: "
+                               f"{', '.join(cfg['models'])}", source, f"sweep.time.models[{i}]")
     k = cfg.get("cluster", {}).get("k")
     for name, d in cfg["datasets"].items():
         n = d.get("n")

@@ -62,6 +62,8 @@ rule contamination_table:
         ),
     log:
         "logs/contamination_table.log",
+    benchmark:
+        "benchmarks/out/contamination_table.tsv"
     conda:
         ENV
     threads: 1
