@@ -121,6 +121,29 @@ def test_time_sweep_models_restrict_the_time_runs(tmp_path: Path) -> None:
     assert "results/train/skills/large/full-1/g2-balanced/s0" in text  # accuracy runs stay
 
 
+def test_a_model_train_section_overrides_the_train_section(tmp_path: Path) -> None:
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg["train"]["epochs"] = 3
+    cfg["models"]["large"]["train"] = {"epochs": 2}
+    cfg["models"]["small"].pop("train", None)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = _snakemake("results/train/skills/large/full-1/g2-balanced/s0/model",
+                     "results/train/skills/small/full-1/g2-balanced/s0/model", "-n", "-p",
+                     "--directory", str(tmp_path), "--configfile", str(tmp_path / "c.yaml"),
+                     cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cmds = [ln for ln in out.stdout.splitlines() if "clusterft.train" in ln]
+    large = next(c for c in cmds if "models/large/base" in c)
+    small = next(c for c in cmds if "models/small/base" in c)
+    assert '"epochs": 2' in large and '"epochs": 3' in small
+    assert '"lr": ' + str(cfg["train"]["lr"]) in large  # the rest of train still applies
+    cfg["models"]["large"]["train"] = {"epochz": 2}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = _snakemake("-n", "--directory", str(tmp_path), "--configfile", str(tmp_path / "c.yaml"),
+                     cwd=tmp_path)
+    assert out.returncode != 0 and "models.large.train.epochz" in out.stdout + out.stderr
+
+
 def _snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *args],

@@ -176,6 +176,14 @@ def section(name):
     return canonical(config.get(name, {}))
 
 
+def train_cfg(wildcards):
+    """The train section with the model's own `train` overrides merged over it (JSON)."""
+    from clusterft.config import merged
+
+    own = config["models"][wildcards.model].get("train", {})
+    return json.dumps(canonical(merged(config.get("train", {}), own)))
+
+
 CONTAMINATION_TABLE = "results/tables/contamination.csv"
 
 

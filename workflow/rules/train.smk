@@ -27,7 +27,7 @@ rule train:
         runtime=600,
         gpu=lambda w: int(w.gpus) if USE_GPU else 0,
     params:
-        cfg=json.dumps(section("train")),
+        cfg=train_cfg,
     shell:
         "torchrun --standalone --nnodes 1 --nproc-per-node {wildcards.gpus}"
         " -m clusterft.train"
