@@ -119,6 +119,40 @@ def test_pool_empty_after_rejecting_too_long(tmp_path, tiny_model_dir) -> None:
           r"all 2 selected records \(pool lines 1-2\) are longer than max_length = 48")
 
 
+def test_score_applies_trains_length_policy_before_any_gradient_work(tmp_path,
+                                                                     tiny_model_dir) -> None:
+    """The over-long checks stop the run at score (before its model loads), not at train."""
+    from clusterft.score import run_score
+
+    feats, scores = tmp_path / "f.npy", tmp_path / "s.parquet"
+    path = BAD / "data" / "too_long.jsonl"
+    with pytest.raises(InputError) as ei:
+        run_score(tiny_model_dir, path, {"dim": 8}, feats, scores,
+                  length_policy={"max_length": 48, "truncation": "error"})
+    check(ei.value, path, 2, "messages",
+          r"record id 'ex-1': example is \d+ tokens, longer than max_length = 48")
+    path = BAD / "data" / "all_too_long.jsonl"
+    with pytest.raises(InputError) as ei:
+        run_score(tiny_model_dir, path, {"dim": 8}, feats, scores,
+                  length_policy={"max_length": 48, "truncation": "reject"})
+    check(ei.value, path, None, "train.max_length",
+          r"all 2 records are longer than max_length = 48 .*nothing left to train on")
+    assert not feats.exists() and not scores.exists()
+
+
+def test_length_policy_counts_what_train_will_cut_or_drop(tiny_model_dir) -> None:
+    from clusterft.data import load_pool
+    from clusterft.models import load_tokenizer
+    from clusterft.tokenize import check_length_policy
+
+    tok = load_tokenizer(tiny_model_dir)
+    path = BAD / "data" / "too_long.jsonl"
+    recs = load_pool(path)
+    for policy in ("truncate", "reject"):
+        assert check_length_policy(tok, recs, 48, policy, str(path)) == {"n": 3, "too_long": 1}
+    assert check_length_policy(tok, recs, 4096, "error", str(path)) == {"n": 3, "too_long": 0}
+
+
 # --------------------------------------------------------------------- contamination
 
 def test_planted_benchmark_item_is_dropped_and_counted(tmp_path) -> None:

@@ -65,3 +65,14 @@ def test_help_lists_every_stage(tmp_path: Path) -> None:
     for stage in ("prepare-data", "corpus", "tokenizer", "base-model", "score", "cluster",
                   "select", "train", "evaluate", "report"):
         assert stage in out.stdout
+
+
+def test_score_checks_trains_length_policy_from_the_command_line(tmp_path: Path,
+                                                                  tiny_model_dir: Path) -> None:
+    pool = Path(__file__).resolve().parent / "bad_inputs" / "data" / "too_long.jsonl"
+    args = ("score", "--model", str(tiny_model_dir), "--pool", str(pool), "--out-features",
+            "f.npy", "--out-scores", "s.parquet", "--train-max-length", "48")
+    out = cli(*args, "--truncation", "error", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"{pool}, line 2" in out.stderr and "'ex-1'" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "f.npy").exists()

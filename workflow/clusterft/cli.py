@@ -68,7 +68,10 @@ def _score(a: argparse.Namespace) -> Any:
     from .score import run_score
 
     cfg = {**_section(a.config), **({"dim": a.dim} if a.dim else {})}
-    return run_score(a.model, a.pool, cfg, a.out_features, a.out_scores, seed=a.seed)
+    policy = {k: v for k, v in (("max_length", a.train_max_length), ("truncation", a.truncation))
+              if v is not None}
+    return run_score(a.model, a.pool, cfg, a.out_features, a.out_scores, seed=a.seed,
+                     length_policy=policy or None)
 
 
 def _cluster(a: argparse.Namespace) -> Any:
@@ -149,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", required=True)
     s.add_argument("--pool", required=True)
     s.add_argument("--dim", type=int)
+    s.add_argument("--train-max-length", type=int,
+                   help="check the pool against train's max_length first (with --truncation)")
+    s.add_argument("--truncation", choices=["truncate", "reject", "error"],
+                   help="train's policy for over-long examples; 'error'/'reject' fail here early")
     s.add_argument("--out-features", required=True)
     s.add_argument("--out-scores", required=True)
 

@@ -582,10 +582,13 @@ def read_pool(path: str | os.PathLike) -> list[dict]:
 
 def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict | None,
               out_features: str | os.PathLike, out_scores: str | os.PathLike, seed: int = 0,
-              threads: int | None = None) -> dict:
+              threads: int | None = None, length_policy: dict | None = None) -> dict:
     """Stage `score`: write features.npy [N, dim] and scores.parquet (id, score, grad_norm).
 
     ``threads`` (e.g. Snakemake's) sets torch's thread count unless cfg sets num_threads.
+    ``length_policy`` ({max_length, truncation}, train's) is checked over the whole pool
+    before the model loads, so an over-long example under 'error' (or a pool that 'reject'
+    would empty) stops the run here rather than at train.
     Returns the info dict (warm-up losses, timings, truncation count).
     """
     import pandas as pd
@@ -602,6 +605,17 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
     records = read_pool(pool)
     path = resolve_model(str(model_dir), field="score model")
     tok = load_tokenizer(path)
+    if length_policy is not None:
+        from .tokenize import check_length_policy
+        from .train import DEFAULTS as TRAIN_DEFAULTS
+
+        length_policy = {k: length_policy.get(k, TRAIN_DEFAULTS[k])
+                         for k in ("max_length", "truncation")}
+        counts = check_length_policy(tok, records, int(length_policy["max_length"]),
+                                     str(length_policy["truncation"]), str(pool))
+        log.info("train length check: %d of %d examples longer than max_length = %s (%s)",
+                 counts["too_long"], counts["n"], length_policy["max_length"],
+                 length_policy["truncation"])
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     features, scores, norms, info = compute_features_info(model, tok, records, cfg, seed)
     save_npy(out_features, features)

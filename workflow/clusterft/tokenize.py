@@ -105,6 +105,24 @@ def encode_records(tokenizer, records: Sequence[dict], max_length: int,
     return kept, rejected
 
 
+def check_length_policy(tokenizer, records: Sequence[dict], max_length: int, policy: str,
+                        where: str) -> dict[str, int]:
+    """Apply train's over-long policy to a whole pool before any expensive stage.
+
+    Raises InputError naming `where`, the line and the record id of the first over-long
+    example under ``policy='error'``, or field ``train.max_length`` when ``'reject'`` would
+    leave nothing. Returns counts {n, too_long} (truncated or rejected later by train).
+    """
+    kept, rejected = encode_records(tokenizer, records, max_length, policy, where=where)
+    if policy == "reject" and not kept:
+        raise InputError(f"all {len(records)} records are longer than max_length = {max_length} "
+                         "and truncation = 'reject' would drop them: nothing left to train on "
+                         "(raise train.max_length or use truncate)", path=where,
+                         field="train.max_length")
+    too_long = len(rejected) + sum(bool(e["truncated"]) for e in kept)
+    return {"n": len(records), "too_long": int(too_long)}
+
+
 class Collator:
     """Pad a list of encoded examples to the longest one (right padding).
 

@@ -60,7 +60,8 @@ DEFAULTS: dict = {
     "max_length": 256,
     # Longer examples: truncate (cut the response end; see clusterft.tokenize; counted in
     # train_metrics truncated_examples) | reject (drop; counted in rejected_examples) | error
-    # (stop, naming the pool file, line and record id).
+    # (stop, naming the pool file, line and record id). score checks the whole pool against
+    # this first, so error (or a pool that reject would empty) stops before gradient work.
     "truncation": "truncate",
     # Gradient-norm clip (0 disables).
     "grad_clip": 1.0,

@@ -184,6 +184,16 @@ def train_cfg(wildcards):
     return json.dumps(canonical(merged(config.get("train", {}), own)))
 
 
+def length_policy(wildcards):
+    """The model's train max_length / truncation keys (set ones only) that score checks
+    the pool against before any gradient work."""
+    from clusterft.config import merged
+
+    own = config["models"][wildcards.model].get("train", {})
+    cfg = merged(config.get("train", {}), own)
+    return {k: cfg[k] for k in ("max_length", "truncation") if k in cfg}
+
+
 CONTAMINATION_TABLE = "results/tables/contamination.csv"
 
 

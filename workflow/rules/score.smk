@@ -21,5 +21,6 @@ rule score:
         runtime=240,
     params:
         cfg=section("score"),
+        length_policy=length_policy,
     script:
         "../scripts/score.py"

@@ -11,4 +11,5 @@ with logged(snakemake.log[0]):
         snakemake.output.scores,
         seed=int(snakemake.wildcards.seed),
         threads=snakemake.threads,
+        length_policy=snakemake.params.length_policy,
     )
