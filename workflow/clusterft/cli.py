@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from .config import TRUNCATION
 from .errors import InputError
 
 
@@ -154,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dim", type=int)
     s.add_argument("--train-max-length", type=int,
                    help="check the pool against train's max_length first (with --truncation)")
-    s.add_argument("--truncation", choices=["truncate", "reject", "error"],
+    s.add_argument("--truncation", choices=TRUNCATION,
                    help="train's policy for over-long examples; 'error'/'reject' fail here early")
     s.add_argument("--out-features", required=True)
     s.add_argument("--out-scores", required=True)

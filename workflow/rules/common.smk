@@ -176,21 +176,23 @@ def section(name):
     return canonical(config.get(name, {}))
 
 
-def train_cfg(wildcards):
-    """The train section with the model's own `train` overrides merged over it (JSON)."""
+def model_train_section(model):
+    """The train section with the model's own `train` overrides merged over it."""
     from clusterft.config import merged
 
-    own = config["models"][wildcards.model].get("train", {})
-    return json.dumps(canonical(merged(config.get("train", {}), own)))
+    own = config["models"][model].get("train", {})
+    return merged(config.get("train", {}), own)
+
+
+def train_cfg(wildcards):
+    """The model's train section (JSON) for the train rule."""
+    return json.dumps(canonical(model_train_section(wildcards.model)))
 
 
 def length_policy(wildcards):
     """The model's train max_length / truncation keys (set ones only) that score checks
     the pool against before any gradient work."""
-    from clusterft.config import merged
-
-    own = config["models"][wildcards.model].get("train", {})
-    cfg = merged(config.get("train", {}), own)
+    cfg = model_train_section(wildcards.model)
     return {k: cfg[k] for k in ("max_length", "truncation") if k in cfg}
 
 
