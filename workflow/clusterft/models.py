@@ -57,6 +57,10 @@ DEFAULTS: dict = {
         "grad_clip": 1.0,
         # Torch intra-op threads (0 = leave torch's default).
         "num_threads": 0,
+        # auto | bf16 | fp32: bf16 autocasts matmuls (weights and optimiser stay float32);
+        # auto picks bf16 where the device computes it natively (CUDA with bf16, a CPU with
+        # AVX512-BF16 or AMX), else fp32. The precision used goes to pretrain_metrics.json.
+        "precision": "auto",
         # Fraction of blocks held out to report a validation loss (0 disables).
         "val_fraction": 0.02,
     },
@@ -260,6 +264,36 @@ def lr_lambda(schedule: str, warmup: int, total: int, floor: float = 0.1):
     return f
 
 
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+def native_bf16(device) -> bool:
+    """Whether ``device`` computes bfloat16 matmuls natively (CUDA with bf16, or a CPU with
+    AVX512-BF16 or AMX); elsewhere bf16 autocast is emulated and slower than fp32."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if device.type == "cpu":
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(bool(getattr(torch.cpu, f, lambda: False)()) for f in probes)
+    return False
+
+
+def resolve_precision(precision: str, device, field: str = "precision") -> str:
+    """``auto`` -> ``bf16`` where the device has native bf16, else ``fp32``; checks the name.
+
+    ``bf16`` means autocast: matmuls run in bfloat16 while the weights, the optimiser state
+    and the loss stay float32 (the usual mixed-precision recipe).
+    """
+    if precision not in PRECISIONS:
+        raise InputError(f"unknown precision '{precision}' ({'|'.join(PRECISIONS)})", field=field)
+    if precision == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    return precision
+
+
 def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -> dict:
     """Briefly pretrain ``model`` in place as a causal LM on packed blocks; return metrics."""
     import torch
@@ -281,6 +315,7 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -
     if len(train) == 0:
         raise InputError("no training blocks left after the validation split", field="pretrain.val_fraction")
     steps, bs = int(cfg["steps"]), int(cfg["batch_size"])
+    precision = resolve_precision(cfg["precision"], model.device, field="pretrain.precision")
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=float(cfg["lr"]),
                             weight_decay=float(cfg["weight_decay"]), betas=(0.9, 0.95))
@@ -298,7 +333,8 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -
         idx = torch.from_numpy(order[pos:pos + bs]) if bs <= len(order) else torch.from_numpy(order)
         pos += bs
         batch = data[idx]
-        out = model(input_ids=batch, labels=batch)
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = model(input_ids=batch, labels=batch)
         out.loss.backward()
         if cfg["grad_clip"]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["grad_clip"]))
@@ -319,7 +355,8 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -
             "tokens_seen": steps * bs * block, "train_seconds": round(seconds, 2),
             "first_loss": losses[0] if losses else None,
             "final_loss": float(np.mean(losses[-k:])) if losses else None,
-            "val_loss": val_loss, "loss_curve": [round(x, 4) for x in losses[::k]]}
+            "val_loss": val_loss, "loss_curve": [round(x, 4) for x in losses[::k]],
+            "precision": precision}
 
 
 def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, size_cfg: dict,

@@ -17,6 +17,7 @@ Rank 0 saves the model dir (LoRA merged into the weights) and ``train_metrics.js
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -36,8 +37,9 @@ import torch
 from .config import merge_section
 from .errors import InputError
 from .io import atomic_path, read_jsonl, set_offline_env, write_json
-from .models import lr_lambda
-from .tokenize import POLICIES, Collator, check_messages, encode_records
+from .microbatch import CausalLMLoss, plan_micro_batches
+from .models import PRECISIONS, lr_lambda, resolve_precision
+from .tokenize import IGNORE_INDEX, POLICIES, Collator, check_messages, encode_records
 
 DISTRIBUTIONS = ("random", "balanced")
 
@@ -63,6 +65,18 @@ DEFAULTS: dict = {
     # (stop, naming the pool file, line and record id). score checks the whole pool against
     # this first, so error (or a pool that reject would empty) stops before gradient work.
     "truncation": "truncate",
+    # Length-grouped micro-batches: each rank's step batch is sorted by length and cut into
+    # groups padded separately (same gradient, less padding; clusterft.microbatch). The cut
+    # minimises padded tokens + this cost per extra group; -1 = one padded batch per step.
+    # A GPU, where a small group wastes the device, wants a larger cost than a CPU.
+    "group_cost_tokens": 256,
+    # auto | bf16 | fp32: bf16 autocasts matmuls to bfloat16 (weights, optimiser and loss stay
+    # float32); auto picks bf16 where the device computes it natively (CUDA with bf16, a CPU
+    # with AVX512-BF16 or AMX), else fp32. train_metrics.json records the precision used.
+    "precision": "auto",
+    # Apply the LM head only where a next token has a label (the response), for
+    # architectures where that is exact (llama, mistral, qwen2, qwen3); false = full logits.
+    "sparse_logits": True,
     # Gradient-norm clip (0 disables).
     "grad_clip": 1.0,
     # LoRA settings (used when finetune: lora).
@@ -106,6 +120,9 @@ def train_config(cfg: dict | None) -> dict:
     for k in ("epochs", "batch_size", "max_length"):
         if int(out[k]) < 1:
             raise InputError(f"{k} must be >= 1, got {out[k]}", field=f"train.{k}")
+    if out["precision"] not in PRECISIONS:
+        raise InputError(f"precision must be one of {'|'.join(PRECISIONS)}, got "
+                         f"'{out['precision']}'", field="train.precision")
     if out["truncation"] not in POLICIES:
         raise InputError(f"truncation must be one of {'|'.join(POLICIES)}, got "
                          f"'{out['truncation']}'", field="train.truncation")
@@ -427,9 +444,14 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
         acc = blob["acc"]
         _set_rng_state(blob["rng"][d.rank])
         resumed_from = step
-    ddp = DDP(inner, device_ids=[d.device.index] if d.device.type == "cuda" else None) \
-        if d.initialized else inner
+    loss_fn = CausalLMLoss(inner, sparse_logits=bool(cfg["sparse_logits"]))
+    ddp = DDP(loss_fn, device_ids=[d.device.index] if d.device.type == "cuda" else None) \
+        if d.initialized else loss_fn
     collate = Collator(tokenizer.pad_token_id)
+    group_cost = float(cfg["group_cost_tokens"])
+    precision = resolve_precision(cfg["precision"], d.device, field="train.precision")
+    bf16 = precision == "bf16"
+    n_label = [sum(1 for t in e["labels"][1:] if t != IGNORE_INDEX) for e in examples]
     ckpt_every, max_steps = int(cfg["checkpoint_every"]), int(cfg["max_steps"])
     clip = float(cfg["grad_clip"])
     stopped_early = False
@@ -441,17 +463,27 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
         batches = epoch_batches(sampler, epoch, bs)
         for b in range(start_batch if epoch == start_epoch else 0, len(batches)):
             t_step = time.perf_counter()
-            batch = collate([examples[i] for i in batches[b]])
-            batch = {k: v.to(d.device) for k, v in batch.items()}
-            out = ddp(**batch)
-            out.loss.backward()
+            step_idx = batches[b]
+            groups = plan_micro_batches([int(lengths[i]) for i in step_idx], group_cost)
+            denom = max(1, sum(n_label[i] for i in step_idx))  # the padded batch's loss is a mean
+            loss_val, real, padded = 0.0, 0, 0
+            for g, group in enumerate(groups):
+                batch = collate([examples[step_idx[i]] for i in group])
+                batch = {k: v.to(d.device) for k, v in batch.items()}
+                sync = not d.initialized or g == len(groups) - 1  # DDP reduces on the last
+                with contextlib.nullcontext() if sync else ddp.no_sync():
+                    with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=bf16):
+                        loss = ddp(**batch) / denom
+                    loss.backward()
+                loss_val += float(loss.detach())
+                real += int(batch["attention_mask"].sum())
+                padded += int(batch["input_ids"].numel())
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, clip)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            stats = torch.tensor([float(batch["attention_mask"].sum()), float(batch["input_ids"].numel()),
-                                  float((batch["labels"][:, 1:] != -100).sum()), float(out.loss.detach())],
+            stats = torch.tensor([real, padded, sum(n_label[i] for i in step_idx), loss_val],
                                  dtype=torch.float64, device=d.device)
             if d.initialized:
                 gathered = [torch.zeros_like(stats) for _ in range(d.world_size)]
@@ -493,8 +525,10 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
         dist.barrier()
     acc["wall_time_s"] += time.perf_counter() - t_loop
     bar.close()
-    return summarize(acc, cfg, d, distribution, examples, steps_per_epoch, epochs, step,
-                     resumed_from, stopped_early)
+    metrics = summarize(acc, cfg, d, distribution, examples, steps_per_epoch, epochs, step,
+                        resumed_from, stopped_early)
+    metrics["precision"] = precision
+    return metrics
 
 
 def summarize(acc: dict, cfg: dict, d: Dist, distribution: str, examples: list[dict],

@@ -1,0 +1,149 @@
+"""Benchmark one training step: plain padded batch vs length-grouped micro-batches and
+the label-only LM head (clusterft.microbatch), side by side in one run.
+
+Each variant runs forward + backward on the same step batches (``--batch`` examples,
+per rank) and is timed as the best of ``--repeats`` passes over ``--steps`` batches; it
+prints seconds per step, the ratio to the plain step, padded tokens per step, and the
+largest gradient difference from the plain step (the rewrites are exact, so this is
+float noise; bf16 autocast, run where the CPU has native bf16, is not exact).
+
+Examples come from a real run when given (``--workdir`` of a finished run and
+``--dataset``: its pool, tokenizer and base model), else they are synthetic: log-normal
+lengths (median ``--median``, capped at ``--max-length``) with the first half of each
+example a prompt without loss, on a randomly initialised Llama of the ``--size`` given.
+
+    python benchmarks/bench_train_step.py [--size small|large] [--threads 1]
+    python benchmarks/bench_train_step.py --workdir /tmp/emb_full --dataset pycode --size large
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from clusterft.microbatch import CausalLMLoss, padded_size, plan_micro_batches  # noqa: E402
+from clusterft.models import native_bf16  # noqa: E402
+from clusterft.tokenize import IGNORE_INDEX, Collator  # noqa: E402
+
+
+def synthetic(n: int, median: float, max_length: int, vocab: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.round(rng.lognormal(np.log(median), 0.5, n)), 8, max_length).astype(int)
+    out = []
+    for k in lengths:
+        ids = rng.integers(3, vocab, k).tolist()
+        labels = [IGNORE_INDEX] * (k // 2) + ids[k // 2:]
+        out.append({"input_ids": ids, "labels": labels, "length": int(k)})
+    return out
+
+
+def from_run(workdir: Path, dataset: str, size: str, max_length: int, n: int):
+    from clusterft.io import read_jsonl
+    from clusterft.models import load_tokenizer
+    from clusterft.tokenize import encode_records
+    from transformers import AutoModelForCausalLM
+
+    model_dir = workdir / "results" / "models" / size / "base"
+    tok = load_tokenizer(str(model_dir))
+    records = read_jsonl(workdir / "results" / "data" / dataset / "pool.jsonl")[:n]
+    examples, _ = encode_records(tok, records, max_length, "truncate")
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    return examples, model
+
+
+def random_model(size: str, vocab: int):
+    """A randomly initialised Llama of config/config.yaml's models.<size>.size."""
+    import yaml
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, max_position_embeddings=512,
+                                        pad_token_id=0, **cfg["models"][size]["size"]))
+
+
+def step(model, loss_fn, batch_examples, collate, group_cost: float, plain: bool,
+         bf16: bool = False) -> int:
+    """One forward + backward; returns padded tokens processed."""
+    if plain:
+        batch = collate(batch_examples)
+        model(**batch).loss.backward()
+        return int(batch["input_ids"].numel())
+    denom = max(1, sum(sum(1 for t in e["labels"][1:] if t != IGNORE_INDEX) for e in batch_examples))
+    groups = plan_micro_batches([e["length"] for e in batch_examples], group_cost)
+    for g in groups:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(**collate([batch_examples[i] for i in g])) / denom
+        loss.backward()
+    return padded_size([e["length"] for e in batch_examples], groups)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", default="small", choices=["small", "large"])
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--dataset", default="pycode")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--median", type=float, default=90)
+    ap.add_argument("--max-length", type=int, default=192)
+    ap.add_argument("--group-cost", type=float, default=256)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    n = args.batch * args.steps
+    if args.workdir is not None:
+        examples, model = from_run(args.workdir, args.dataset, args.size, args.max_length, n)
+        source = f"{args.workdir}/results/data/{args.dataset}/pool.jsonl, base model {args.size}"
+    else:
+        examples = synthetic(n, args.median, args.max_length, 2048, seed=0)
+        model = random_model(args.size, 2048)
+        source = f"synthetic log-normal lengths (median {args.median:g}), random {args.size} model"
+    model.config.use_cache = False
+    model.train()
+    collate = Collator(0)
+    batches = [examples[i:i + args.batch] for i in range(0, len(examples), args.batch)]
+    variants = {"plain padded batch": (True, -1.0, False, False),
+                "micro-batches": (False, args.group_cost, False, False),
+                "label-only head": (False, -1.0, True, False),
+                "micro-batches + label-only head": (False, args.group_cost, True, False)}
+    if native_bf16("cpu"):
+        variants["micro + label-only + bf16 autocast"] = (False, args.group_cost, True, True)
+    ref_grads = None
+    rows = []
+    for name, (plain, cost, sparse, bf16) in variants.items():
+        loss_fn = CausalLMLoss(model, sparse_logits=sparse)
+        best, padded = float("inf"), 0
+        for _ in range(args.repeats):
+            model.zero_grad(set_to_none=True)
+            t = time.perf_counter()
+            padded = sum(step(model, loss_fn, b, collate, cost, plain, bf16) for b in batches)
+            best = min(best, time.perf_counter() - t)
+        model.zero_grad(set_to_none=True)
+        step(model, loss_fn, batches[0], collate, cost, plain, bf16)
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        if ref_grads is None:
+            ref_grads = grads
+        diff = max(float((a - b).abs().max()) for a, b in zip(grads, ref_grads))
+        rows.append((name, best / len(batches), padded / len(batches), diff))
+    real = sum(e["length"] for e in examples) / len(batches)
+    print(f"{source}; {len(batches)} steps of {args.batch} examples, {real:.0f} real tokens/step, "
+          f"{args.threads} thread(s), best of {args.repeats}")
+    base = rows[0][1]
+    print(f"{'variant':<34}{'s/step':>9}{'ratio':>8}{'padded tok/step':>17}{'max |dgrad|':>13}")
+    for name, s, p, diff in rows:
+        print(f"{name:<34}{s:>9.4f}{s / base:>8.2f}{p:>17.0f}{diff:>13.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Less padding, same gradient: length-grouped micro-batches and a label-only LM head.
+
+A rank's step batch is padded to its longest example, so on a CPU (and on a GPU with a
+memory-bound model) the padding costs as much as real tokens: for the embedded pools the
+padded batches are 1.2x (skills) to 1.8x (pycode) the real tokens. Two exact rewrites of
+one training step remove most of that work without changing what is learned:
+
+* :func:`plan_micro_batches` sorts the step's examples by length and cuts them into
+  contiguous groups, each padded only to its own longest; the cut points minimise padded
+  tokens plus a fixed cost per extra group (``group_cost_tokens``), by dynamic programming.
+  The groups' summed losses, divided by the step's label-token count, give back the
+  gradient of the single padded batch (DDP syncs only on the last group).
+* :class:`CausalLMLoss` runs the model's decoder and applies the LM head only at positions
+  whose next token carries a label (the response), instead of at every position of every
+  row, and returns the summed next-token loss. For a vocabulary of 2048 and hidden size
+  128 the head is ~45% of the per-token work of the embedded small model.
+
+``benchmarks/bench_train_step.py`` measures both against the plain padded step side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .tokenize import IGNORE_INDEX
+
+# Architectures whose logits are exactly lm_head(last hidden state), with nothing after
+# the head (no soft-capping, no logit scale): the label-only head is exact for them.
+SPARSE_LOGIT_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def plan_micro_batches(lengths: Sequence[int], group_cost_tokens: float) -> list[list[int]]:
+    """Split a batch into length-sorted groups minimising padded tokens + a cost per group.
+
+    ``lengths[i]`` is example i's token count. Returns lists of positions into ``lengths``
+    (every position exactly once; shortest examples first). A group of examples padded to
+    its longest costs ``size * longest + group_cost_tokens``; the split is optimal for that
+    cost (O(n^2) over contiguous runs of the sorted lengths, which contain an optimum).
+    ``group_cost_tokens`` < 0 disables splitting (one group, original order).
+    """
+    n = len(lengths)
+    if n == 0:
+        return []
+    if group_cost_tokens < 0:
+        return [list(range(n))]
+    order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
+    s = np.asarray(lengths, dtype=np.float64)[order]
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    cut = np.zeros(n + 1, dtype=np.int64)
+    for j in range(1, n + 1):
+        # group = sorted positions i..j-1, padded to s[j-1]
+        cand = best[:j] + (j - np.arange(j)) * s[j - 1] + group_cost_tokens
+        i = int(np.argmin(cand))
+        best[j], cut[j] = cand[i], i
+    groups: list[list[int]] = []
+    j = n
+    while j > 0:
+        groups.append(order[cut[j]:j].tolist())
+        j = int(cut[j])
+    return groups[::-1]
+
+
+def padded_size(lengths: Sequence[int], groups: list[list[int]]) -> int:
+    """Tokens processed, padding included, when ``groups`` are padded separately."""
+    return int(sum(len(g) * max(lengths[i] for i in g) for g in groups if g))
+
+
+class CausalLMLoss(torch.nn.Module):
+    """Summed next-token cross-entropy over label tokens (labels == -100 are skipped).
+
+    Wrap this module (not the bare model) in DDP so gradient sync still hooks the forward.
+    With ``sparse_logits`` and an architecture in :data:`SPARSE_LOGIT_TYPES`, the LM head
+    runs only at positions that predict a label; otherwise the model's full logits are used.
+    Both give the same value; ``self.sparse`` says which path runs.
+    """
+
+    def __init__(self, model: torch.nn.Module, sparse_logits: bool = True) -> None:
+        super().__init__()
+        self.model = model
+        model_type = getattr(getattr(model, "config", None), "model_type", "")
+        self.sparse = bool(sparse_logits) and model_type in SPARSE_LOGIT_TYPES
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                labels: torch.Tensor) -> torch.Tensor:
+        target = labels[:, 1:]
+        keep = target != IGNORE_INDEX
+        if self.sparse:
+            hidden = self.model.get_decoder()(input_ids=input_ids,
+                                              attention_mask=attention_mask).last_hidden_state
+            logits = self.model.get_output_embeddings()(hidden[:, :-1][keep])
+        else:
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][keep]
+        return F.cross_entropy(logits.float(), target[keep], reduction="sum")
