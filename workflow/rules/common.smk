@@ -176,6 +176,13 @@ def section(name):
     return canonical(config.get(name, {}))
 
 
+def base_model_cfg(wildcards):
+    """The model's section without its `train` overrides: what building and pretraining
+    the base model depend on (a changed fine-tuning setting must not redo pretraining)."""
+    own = config["models"][wildcards.model]
+    return canonical({k: v for k, v in own.items() if k != "train"})
+
+
 def model_train_section(model):
     """The train section with the model's own `train` overrides merged over it."""
     from clusterft.config import merged
