@@ -148,7 +148,8 @@ def test_precision_resolution_and_bf16_training(tmp_path, tiny_model_dir, tiny_p
     from clusterft.errors import InputError
     from clusterft.models import native_bf16, resolve_precision
 
-    assert resolve_precision("auto", "cpu") == ("bf16" if native_bf16("cpu") else "fp32")
+    assert resolve_precision("auto", "cpu") == "fp32"  # CPU ranks: bf16 did not pay off
+    assert isinstance(native_bf16("cpu"), bool)
     assert resolve_precision("fp32", "cpu") == "fp32" and resolve_precision("bf16", "cpu") == "bf16"
     with pytest.raises(InputError, match="train.precision"):
         resolve_precision("fp8", "cpu", field="train.precision")

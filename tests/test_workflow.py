@@ -107,6 +107,18 @@ def test_changing_k_reruns_cluster_onward_not_score(smoke_run: Path, tmp_path: P
                 "corpus", "evaluate_base"} & set(plan)
 
 
+def test_a_model_train_override_reruns_train_onward_not_pretraining(smoke_run: Path, tmp_path: Path) -> None:
+    cfg = yaml.safe_load(SMOKE.read_text())
+    model = next(iter(cfg["models"]))
+    cfg["models"][model]["train"] = {"lr": 1.0e-3}  # fine-tuning setting of one model
+    edited = tmp_path / "config.yaml"
+    edited.write_text(yaml.safe_dump(cfg))
+    plan = planned_rules(smoke_run, configfile=edited)
+    assert {"train", "evaluate", "report"} <= set(plan)
+    # pretraining and scoring do not depend on fine-tuning settings
+    assert not {"base_model", "evaluate_base", "score", "cluster", "select"} & set(plan)
+
+
 # ------------------------------------------------------------------------ determinism
 
 SELECTIONS = [f"results/select/{d}/tiny/{m}/s{{seed}}/selection.parquet"

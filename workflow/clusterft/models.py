@@ -58,8 +58,9 @@ DEFAULTS: dict = {
         # Torch intra-op threads (0 = leave torch's default).
         "num_threads": 0,
         # auto | bf16 | fp32: bf16 autocasts matmuls (weights and optimiser stay float32);
-        # auto picks bf16 where the device computes it natively (CUDA with bf16, a CPU with
-        # AVX512-BF16 or AMX), else fp32. The precision used goes to pretrain_metrics.json.
+        # auto = bf16 on a CUDA GPU with bf16, fp32 elsewhere (on CPUs it did not pay off,
+        # see clusterft.models.resolve_precision). The precision used goes to
+        # pretrain_metrics.json.
         "precision": "auto",
         # Fraction of blocks held out to report a validation loss (0 disables).
         "val_fraction": 0.02,
@@ -282,15 +283,21 @@ def native_bf16(device) -> bool:
 
 
 def resolve_precision(precision: str, device, field: str = "precision") -> str:
-    """``auto`` -> ``bf16`` where the device has native bf16, else ``fp32``; checks the name.
+    """``auto`` -> ``bf16`` on a CUDA device with bf16, else ``fp32``; checks the name.
 
     ``bf16`` means autocast: matmuls run in bfloat16 while the weights, the optimiser state
-    and the loss stay float32 (the usual mixed-precision recipe).
+    and the loss stay float32 (the usual mixed-precision recipe). ``auto`` keeps fp32 on
+    CPUs even with native bf16 (AVX512-BF16): on the 2-core build machine, one process
+    ran the large model's step 1.7x faster in bf16 (benchmarks/bench_train_step.py), but
+    two concurrent torchrun ranks were no faster (large) or 2x slower (small) than fp32.
     """
     if precision not in PRECISIONS:
         raise InputError(f"unknown precision '{precision}' ({'|'.join(PRECISIONS)})", field=field)
     if precision == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
+        import torch
+
+        device = torch.device(device)
+        return "bf16" if device.type == "cuda" and native_bf16(device) else "fp32"
     return precision
 
 

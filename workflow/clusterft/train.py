@@ -71,8 +71,8 @@ DEFAULTS: dict = {
     # A GPU, where a small group wastes the device, wants a larger cost than a CPU.
     "group_cost_tokens": 256,
     # auto | bf16 | fp32: bf16 autocasts matmuls to bfloat16 (weights, optimiser and loss stay
-    # float32); auto picks bf16 where the device computes it natively (CUDA with bf16, a CPU
-    # with AVX512-BF16 or AMX), else fp32. train_metrics.json records the precision used.
+    # float32); auto = bf16 on a CUDA GPU with bf16, fp32 elsewhere (on CPU ranks it did not
+    # pay off: clusterft.models.resolve_precision). train_metrics.json records the precision.
     "precision": "auto",
     # Apply the LM head only where a next token has a label (the response), for
     # architectures where that is exact (llama, mistral, qwen2, qwen3); false = full logits.

@@ -178,7 +178,8 @@ def section(name):
 
 def base_model_cfg(wildcards):
     """The model's section without its `train` overrides: what building and pretraining
-    the base model depend on (a changed fine-tuning setting must not redo pretraining)."""
+    the base model depend on (a changed fine-tuning setting must not redo pretraining).
+    """
     own = config["models"][wildcards.model]
     return canonical({k: v for k, v in own.items() if k != "train"})
 
