@@ -12,6 +12,9 @@ per-rank batch size is fixed (``batch_size``), so the global batch is
 ``distribution: random`` shards with ``DistributedSampler(shuffle=True)``; ``balanced``
 with ``ClusterBalancedSampler`` (clusters from the selection, lengths = token counts).
 Rank 0 saves the model dir (LoRA merged into the weights) and ``train_metrics.json``.
+Each rank's step batch runs as length-sorted micro-batches with the LM head applied only
+at labelled positions (``clusterft.microbatch``): the gradient of the padded batch, with
+less padding and head work (``group_cost_tokens``, ``sparse_logits``).
 """
 
 from __future__ import annotations
