@@ -33,7 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from clusterft.microbatch import CausalLMLoss, padded_size, plan_micro_batches  # noqa: E402
+from clusterft.microbatch import CausalLMLoss, backward_step  # noqa: E402
 from clusterft.models import native_bf16  # noqa: E402
 from clusterft.tokenize import IGNORE_INDEX, Collator  # noqa: E402
 
@@ -81,13 +81,7 @@ def step(model, loss_fn, batch_examples, collate, group_cost: float, plain: bool
         batch = collate(batch_examples)
         model(**batch).loss.backward()
         return int(batch["input_ids"].numel())
-    denom = max(1, sum(sum(1 for t in e["labels"][1:] if t != IGNORE_INDEX) for e in batch_examples))
-    groups = plan_micro_batches([e["length"] for e in batch_examples], group_cost)
-    for g in groups:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = loss_fn(**collate([batch_examples[i] for i in g])) / denom
-        loss.backward()
-    return padded_size([e["length"] for e in batch_examples], groups)
+    return backward_step(loss_fn, batch_examples, collate, group_cost, "cpu", bf16)[2]
 
 
 def main() -> None:

@@ -20,7 +20,8 @@ one training step remove most of that work without changing what is learned:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -65,6 +66,11 @@ def plan_micro_batches(lengths: Sequence[int], group_cost_tokens: float) -> list
     return groups[::-1]
 
 
+def label_count(example: dict) -> int:
+    """Tokens of an encoded example that carry a next-token loss (labels[1:] != -100)."""
+    return sum(1 for t in example["labels"][1:] if t != IGNORE_INDEX)
+
+
 def padded_size(lengths: Sequence[int], groups: list[list[int]]) -> int:
     """Tokens processed, padding included, when ``groups`` are padded separately."""
     return int(sum(len(g) * max(lengths[i] for i in g) for g in groups if g))
@@ -96,3 +102,31 @@ class CausalLMLoss(torch.nn.Module):
         else:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][keep]
         return F.cross_entropy(logits.float(), target[keep], reduction="sum")
+
+
+def backward_step(loss_fn: torch.nn.Module, examples: Sequence[dict], collate: Callable,
+                  group_cost_tokens: float, device: torch.device | str = "cpu", bf16: bool = False,
+                  no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+                  ) -> tuple[float, int, int]:
+    """Forward + backward of one step's ``examples`` as length-grouped micro-batches.
+
+    Accumulates into the parameters' ``.grad`` the gradient of the mean next-token loss over
+    all of the step's label tokens (what one padded batch would give). ``no_sync`` (DDP's)
+    wraps every group but the last, so gradients are reduced once per step. Returns
+    (loss, real tokens, padded tokens processed).
+    """
+    device = torch.device(device)
+    groups = plan_micro_batches([e["length"] for e in examples], group_cost_tokens)
+    denom = max(1, sum(label_count(e) for e in examples))
+    loss_val, real, padded = 0.0, 0, 0
+    for g, group in enumerate(groups):
+        batch = {k: v.to(device) for k, v in collate([examples[i] for i in group]).items()}
+        last = g == len(groups) - 1
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = loss_fn(**batch) / denom
+            loss.backward()
+        loss_val += float(loss.detach())
+        real += int(batch["attention_mask"].sum())
+        padded += int(batch["input_ids"].numel())
+    return loss_val, real, padded

@@ -20,7 +20,6 @@ less padding and head work (``group_cost_tokens``, ``sparse_logits``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import math
@@ -40,9 +39,9 @@ import torch
 from .config import merge_section
 from .errors import InputError
 from .io import atomic_path, read_jsonl, set_offline_env, write_json
-from .microbatch import CausalLMLoss, plan_micro_batches
+from .microbatch import CausalLMLoss, backward_step, label_count
 from .models import PRECISIONS, lr_lambda, resolve_precision
-from .tokenize import IGNORE_INDEX, POLICIES, Collator, check_messages, encode_records
+from .tokenize import POLICIES, Collator, check_messages, encode_records
 
 DISTRIBUTIONS = ("random", "balanced")
 
@@ -454,7 +453,6 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     group_cost = float(cfg["group_cost_tokens"])
     precision = resolve_precision(cfg["precision"], d.device, field="train.precision")
     bf16 = precision == "bf16"
-    n_label = [sum(1 for t in e["labels"][1:] if t != IGNORE_INDEX) for e in examples]
     ckpt_every, max_steps = int(cfg["checkpoint_every"]), int(cfg["max_steps"])
     clip = float(cfg["grad_clip"])
     stopped_early = False
@@ -466,27 +464,16 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
         batches = epoch_batches(sampler, epoch, bs)
         for b in range(start_batch if epoch == start_epoch else 0, len(batches)):
             t_step = time.perf_counter()
-            step_idx = batches[b]
-            groups = plan_micro_batches([int(lengths[i]) for i in step_idx], group_cost)
-            denom = max(1, sum(n_label[i] for i in step_idx))  # the padded batch's loss is a mean
-            loss_val, real, padded = 0.0, 0, 0
-            for g, group in enumerate(groups):
-                batch = collate([examples[step_idx[i]] for i in group])
-                batch = {k: v.to(d.device) for k, v in batch.items()}
-                sync = not d.initialized or g == len(groups) - 1  # DDP reduces on the last
-                with contextlib.nullcontext() if sync else ddp.no_sync():
-                    with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=bf16):
-                        loss = ddp(**batch) / denom
-                    loss.backward()
-                loss_val += float(loss.detach())
-                real += int(batch["attention_mask"].sum())
-                padded += int(batch["input_ids"].numel())
+            step_examples = [examples[i] for i in batches[b]]
+            loss_val, real, padded = backward_step(
+                ddp, step_examples, collate, group_cost, d.device, bf16,
+                no_sync=ddp.no_sync if d.initialized else None)
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, clip)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            stats = torch.tensor([real, padded, sum(n_label[i] for i in step_idx), loss_val],
+            stats = torch.tensor([real, padded, sum(label_count(e) for e in step_examples), loss_val],
                                  dtype=torch.float64, device=d.device)
             if d.initialized:
                 gathered = [torch.zeros_like(stats) for _ in range(d.world_size)]
