@@ -118,7 +118,16 @@ def test_time_sweep_models_restrict_the_time_runs(tmp_path: Path) -> None:
     text = out.stdout + out.stderr
     assert "results/train/skills/small/full-1/g4-random/s0" in text
     assert "results/train/skills/large/full-1/g4-random/s0" not in text
-    assert "results/train/skills/large/full-1/g2-balanced/s0" in text  # accuracy runs stay
+    assert "results/train/skills/large/full-1/g1-balanced/s0" in text  # accuracy runs stay
+
+
+def test_global_batch_size_must_divide_every_gpu_count() -> None:
+    cfg = _edit(lambda c: c["train"].update(global_batch_size=30))  # time gpus [2, 4]
+    with pytest.raises(InputError, match=r"train\.global_batch_size.*sweep\.time\.gpus\[1\] = 4"):
+        check_config(cfg)
+    cfg = _edit(lambda c: c["models"]["large"].update(train={"global_batch_size": 6}))
+    with pytest.raises(InputError, match=r"models\.large\.train\.global_batch_size"):
+        check_config(cfg)
 
 
 def test_a_model_train_section_overrides_the_train_section(tmp_path: Path) -> None:
@@ -127,8 +136,8 @@ def test_a_model_train_section_overrides_the_train_section(tmp_path: Path) -> No
     cfg["models"]["large"]["train"] = {"epochs": 2}
     cfg["models"]["small"].pop("train", None)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    out = _snakemake("results/train/skills/large/full-1/g2-balanced/s0/model",
-                     "results/train/skills/small/full-1/g2-balanced/s0/model", "-n", "-p",
+    out = _snakemake("results/train/skills/large/full-1/g1-balanced/s0/model",
+                     "results/train/skills/small/full-1/g1-balanced/s0/model", "-n", "-p",
                      "--directory", str(tmp_path), "--configfile", str(tmp_path / "c.yaml"),
                      cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -87,6 +87,44 @@ def test_two_rank_torchrun(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path, 
     assert any(not torch.equal(base[k], v) for k, v in weights(out).items())
 
 
+def test_global_batch_two_ranks_equal_one_rank(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
+    """With global_batch_size, 2 ranks (4 each) train what 1 rank (8) trains: the same
+    global batches (DistributedSampler), the gradient of their mean label-token loss
+    (each rank divides by the global label count / world size), hence the same weights.
+    Uneven label counts between the ranks' halves make per-rank means differ."""
+    n = 32
+    sel = make_selection(tmp_path / "sel.parquet", tiny_pool, n)
+    cfg = {**BASE_CFG, "global_batch_size": 8, "batch_size": 99, "epochs": 2}
+    two, met2 = tmp_path / "two", tmp_path / "two.json"
+    r = torchrun(2, ["--model", str(tiny_model_dir), "--pool", str(tiny_pool_path), "--selection", str(sel),
+                     "--out", str(two), "--metrics", str(met2), "--distribution", "random",
+                     "--seed", "3", "--threads", "2", "--config", json.dumps(cfg)], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m2 = json.loads(met2.read_text())
+    one, met1 = tmp_path / "one", tmp_path / "one.json"
+    m1 = run_train(tiny_model_dir, tiny_pool_path, sel, one, met1, "random", 3, cfg)
+    assert m2["batch_size"] == 4 and m1["batch_size"] == 8
+    assert m1["global_batch_size"] == m2["global_batch_size"] == 8
+    assert m1["steps"] == m2["steps"] == n // 8 * 2
+    assert m2["threads_per_rank"] == 1
+    per_rank = np.array(m2["per_rank_loss_tokens_per_step"])
+    assert (per_rank[:, 0] != per_rank[:, 1]).any()  # the ranks' halves differ in labels
+    assert np.allclose(m1["loss_curve"], m2["loss_curve"], rtol=1e-5, atol=1e-6)
+    w1, w2 = weights(one), weights(two)
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-5
+
+
+def test_global_batch_size_must_divide(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
+    from clusterft.train import rank_batch_size
+
+    assert rank_batch_size({"batch_size": 5, "global_batch_size": None}, 4) == 5
+    assert rank_batch_size({"batch_size": 5, "global_batch_size": 12}, 4) == 3
+    with pytest.raises(InputError, match="train.global_batch_size"):
+        rank_batch_size({"batch_size": 5, "global_batch_size": 10}, 4)
+    with pytest.raises(InputError, match="train.global_batch_size"):
+        train_config({"global_batch_size": 0})
+
+
 def run_single(tmp_path: Path, model_dir, pool_path, pool, name: str, cfg: dict, seed: int = 0,
                n: int = 32) -> tuple[dict, Path]:
     sel = make_selection(tmp_path / f"{name}.parquet", pool, n)

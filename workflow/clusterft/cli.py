@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from .config import TRUNCATION
 from .errors import InputError
+from .runtime import freeze_for_exit
 
 
 def _section(path: str | None) -> dict[str, Any]:
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    freeze_for_exit()
     if isinstance(result, int):
         return result
     if result is not None:

@@ -152,6 +152,18 @@ def check_config(cfg: dict, source: str = "config") -> None:
     for key, x in gpus:
         if x is not None and (not isinstance(x, int) or x <= 0):
             raise config_error(f"gpus must be a positive integer, got {x!r}", source, f"sweep.{key}")
+    for name, m in cfg["models"].items():
+        own = (m.get("train") or {})
+        where = f"models.{name}.train.global_batch_size" if "global_batch_size" in own \
+            else "train.global_batch_size"
+        gbs = own.get("global_batch_size", (cfg.get("train") or {}).get("global_batch_size"))
+        if not isinstance(gbs, int) or isinstance(gbs, bool) or gbs < 1:
+            continue  # null (per-rank batch_size) or a bad value the train stage names
+        for key, x in gpus:
+            if isinstance(x, int) and x > 0 and gbs % x:
+                raise config_error(f"global_batch_size {gbs} does not split evenly over "
+                                   f"sweep.{key} = {x} GPUs; use a multiple of every GPU count",
+                                   source, where)
     trunc = (cfg.get("train") or {}).get("truncation")
     if trunc is not None and trunc not in TRUNCATION:
         raise config_error(f"unknown truncation policy '{trunc}'; valid: {', '.join(TRUNCATION)}",

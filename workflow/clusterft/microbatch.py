@@ -107,17 +107,21 @@ class CausalLMLoss(torch.nn.Module):
 def backward_step(loss_fn: torch.nn.Module, examples: Sequence[dict], collate: Callable,
                   group_cost_tokens: float, device: torch.device | str = "cpu", bf16: bool = False,
                   no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
-                  ) -> tuple[float, int, int]:
+                  denom: float | None = None) -> tuple[float, int, int]:
     """Forward + backward of one step's ``examples`` as length-grouped micro-batches.
 
-    Accumulates into the parameters' ``.grad`` the gradient of the mean next-token loss over
-    all of the step's label tokens (what one padded batch would give). ``no_sync`` (DDP's)
-    wraps every group but the last, so gradients are reduced once per step. Returns
-    (loss, real tokens, padded tokens processed).
+    Accumulates into the parameters' ``.grad`` the gradient of the summed next-token loss
+    divided by ``denom``; by default the step's label-token count, i.e. the mean over all of
+    its label tokens (what one padded batch would give). Under DDP, which averages over
+    ranks, pass the global label count / world size to get the mean over the global batch.
+    ``no_sync`` (DDP's) wraps every group but the last, so gradients are reduced once per
+    step. Returns (loss, real tokens, padded tokens processed).
     """
     device = torch.device(device)
     groups = plan_micro_batches([e["length"] for e in examples], group_cost_tokens)
-    denom = max(1, sum(label_count(e) for e in examples))
+    if denom is None:
+        denom = sum(label_count(e) for e in examples)
+    denom = max(1.0, float(denom))
     loss_val, real, padded = 0.0, 0, 0
     for g, group in enumerate(groups):
         batch = {k: v.to(device) for k, v in collate([examples[i] for i in group]).items()}

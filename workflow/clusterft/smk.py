@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from .runtime import freeze_for_exit
+
 
 @contextlib.contextmanager
 def logged(log_path: str | None) -> Iterator[None]:
@@ -24,6 +26,7 @@ def logged(log_path: str | None) -> Iterator[None]:
                             format="%(asctime)s %(name)s %(levelname)s %(message)s")
         try:
             yield
+            freeze_for_exit()
         except BaseException:
             import traceback
 

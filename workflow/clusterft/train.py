@@ -7,8 +7,9 @@ Run one process per rank with torchrun::
         --distribution random|balanced --seed S --config CFG
 
 or call :func:`run_train` in a single process (world size 1, no process group). The
-per-rank batch size is fixed (``batch_size``), so the global batch is
-``batch_size * world_size`` and more ranks take fewer steps for the same data.
+global batch is ``global_batch_size`` when set (each rank takes its share, so every rank
+count trains the same optimiser steps and only the split of the work differs), else the
+per-rank ``batch_size`` times the world size (more ranks take fewer, larger steps).
 ``distribution: random`` shards with ``DistributedSampler(shuffle=True)``; ``balanced``
 with ``ClusterBalancedSampler`` (clusters from the selection, lengths = token counts).
 Rank 0 saves the model dir (LoRA merged into the weights) and ``train_metrics.json``.
@@ -41,6 +42,7 @@ from .errors import InputError
 from .io import atomic_path, read_jsonl, set_offline_env, write_json
 from .microbatch import CausalLMLoss, backward_step, label_count
 from .models import PRECISIONS, lr_lambda, resolve_precision
+from .runtime import freeze_for_exit
 from .tokenize import POLICIES, Collator, check_messages, encode_records
 
 DISTRIBUTIONS = ("random", "balanced")
@@ -58,8 +60,13 @@ DEFAULTS: dict = {
     "schedule": "linear",
     # Passes over the selected data.
     "epochs": 3,
-    # Examples per rank per step (global batch = batch_size * world_size).
+    # Examples per rank per step (global batch = batch_size * world_size); ignored when
+    # global_batch_size is set.
     "batch_size": 8,
+    # Examples per optimiser step over all ranks; each rank takes global_batch_size /
+    # world_size (it must divide), so every GPU count trains the same steps on the same
+    # global batches. null: batch_size per rank.
+    "global_batch_size": None,
     # Longest example in tokens (prompt + response + BOS/EOS).
     "max_length": 256,
     # Longer examples: truncate (cut the response end; see clusterft.tokenize; counted in
@@ -122,6 +129,10 @@ def train_config(cfg: dict | None) -> dict:
     for k in ("epochs", "batch_size", "max_length"):
         if int(out[k]) < 1:
             raise InputError(f"{k} must be >= 1, got {out[k]}", field=f"train.{k}")
+    gbs = out["global_batch_size"]
+    if gbs is not None and (isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1):
+        raise InputError(f"global_batch_size must be a positive integer or null, got {gbs!r}",
+                         field="train.global_batch_size")
     if out["precision"] not in PRECISIONS:
         raise InputError(f"precision must be one of {'|'.join(PRECISIONS)}, got "
                          f"'{out['precision']}'", field="train.precision")
@@ -129,6 +140,19 @@ def train_config(cfg: dict | None) -> dict:
         raise InputError(f"truncation must be one of {'|'.join(POLICIES)}, got "
                          f"'{out['truncation']}'", field="train.truncation")
     return out
+
+
+def rank_batch_size(cfg: dict, world_size: int) -> int:
+    """Examples per rank per step: ``global_batch_size / world_size`` when set (it must
+    divide evenly), else ``batch_size``."""
+    gbs = cfg.get("global_batch_size")
+    if gbs is None:
+        return int(cfg["batch_size"])
+    if int(gbs) % int(world_size):
+        raise InputError(f"global_batch_size {gbs} does not split evenly over {world_size} ranks; "
+                         "use a multiple of every GPU count in the sweep",
+                         field="train.global_batch_size")
+    return int(gbs) // int(world_size)
 
 
 def die_with_launcher() -> None:
@@ -216,11 +240,14 @@ def setup_distributed(cfg: dict) -> Dist:
     return Dist(rank, world, local_rank, local_world, device, initialized)
 
 
-def set_threads(cfg: dict, d: Dist) -> int:
-    """Set torch intra-op threads: cfg value, else (under torchrun, which forces
-    OMP_NUM_THREADS=1) available cores / ranks on this node, else OMP_NUM_THREADS if set,
-    else all available cores."""
+def set_threads(cfg: dict, d: Dist, job_threads: int | None = None) -> int:
+    """Set torch intra-op threads per rank: cfg ``num_threads`` if set; else the job's CPU
+    threads on this node (``job_threads``, e.g. Snakemake's ``{threads}``) shared by its
+    ranks; else (under torchrun, which forces OMP_NUM_THREADS=1) available cores / ranks on
+    this node; else OMP_NUM_THREADS if set; else all available cores. At least 1."""
     n = int(cfg["num_threads"])
+    if n <= 0 and job_threads:
+        n = max(1, int(job_threads) // max(1, d.local_world_size))
     if n <= 0 and "TORCHELASTIC_RUN_ID" not in os.environ and os.environ.get("OMP_NUM_THREADS"):
         n = max(1, int(os.environ["OMP_NUM_THREADS"]))
     if n <= 0:
@@ -411,7 +438,7 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     from torch.nn.parallel import DistributedDataParallel as DDP
     from tqdm import tqdm
 
-    bs = int(cfg["batch_size"])
+    bs = rank_batch_size(cfg, d.world_size)
     lengths = np.asarray([e["length"] for e in examples], dtype=np.int64)
     sampler = make_sampler(distribution, clusters, lengths, d, bs, seed, bool(cfg["drop_last"]))
     steps_per_epoch = math.ceil(len(sampler) / bs)
@@ -465,15 +492,24 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
         for b in range(start_batch if epoch == start_epoch else 0, len(batches)):
             t_step = time.perf_counter()
             step_examples = [examples[i] for i in batches[b]]
+            labels_here = sum(label_count(e) for e in step_examples)
+            denom = float(labels_here)
+            if d.initialized:
+                # Mean over the global batch's label tokens: DDP averages the ranks'
+                # gradients, so each rank divides by (global label count / world size).
+                # The step's gradient then does not depend on how the batch is split.
+                n = torch.tensor([labels_here], dtype=torch.float64, device=d.device)
+                dist.all_reduce(n)
+                denom = float(n.item()) / d.world_size
             loss_val, real, padded = backward_step(
                 ddp, step_examples, collate, group_cost, d.device, bf16,
-                no_sync=ddp.no_sync if d.initialized else None)
+                no_sync=ddp.no_sync if d.initialized else None, denom=denom)
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, clip)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            stats = torch.tensor([real, padded, sum(label_count(e) for e in step_examples), loss_val],
+            stats = torch.tensor([real, padded, labels_here, loss_val],
                                  dtype=torch.float64, device=d.device)
             if d.initialized:
                 gathered = [torch.zeros_like(stats) for _ in range(d.world_size)]
@@ -544,8 +580,8 @@ def summarize(acc: dict, cfg: dict, d: Dist, distribution: str, examples: list[d
         "padded_tokens": int(np.sum(acc["padded_tokens_per_step"])),
         "examples": len(examples),
         "world_size": d.world_size,
-        "batch_size": int(cfg["batch_size"]),
-        "global_batch_size": int(cfg["batch_size"]) * d.world_size,
+        "batch_size": rank_batch_size(cfg, d.world_size),
+        "global_batch_size": rank_batch_size(cfg, d.world_size) * d.world_size,
         "distribution": distribution,
         "finetune": cfg["finetune"],
         "per_rank_tokens_per_step": per_rank,
@@ -564,9 +600,10 @@ def summarize(acc: dict, cfg: dict, d: Dist, distribution: str, examples: list[d
 
 def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: str | os.PathLike,
               out_dir: str | os.PathLike, metrics_path: str | os.PathLike, distribution: str = "random",
-              seed: int = 0, cfg: dict | None = None) -> dict:
+              seed: int = 0, cfg: dict | None = None, job_threads: int | None = None) -> dict:
     """Fine-tune and save; works in one process (world 1) or on every rank under torchrun.
 
+    ``job_threads``: CPU threads the whole job may use on this node (see :func:`set_threads`).
     Returns the metrics dict (also written to ``metrics_path`` by rank 0).
     """
     t_total = time.perf_counter()
@@ -580,7 +617,8 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
     model_dir = resolve_model(str(model_dir), field="model")
     d = setup_distributed(cfg)
     try:
-        threads = set_threads(cfg, d)
+        rank_batch_size(cfg, d.world_size)  # before any loading
+        threads = set_threads(cfg, d, job_threads)
         seed_everything(seed)
         tokenizer = load_tokenizer(model_dir)
         pool_records = read_jsonl(pool)
@@ -639,14 +677,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--distribution", choices=DISTRIBUTIONS, default="random")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--config", default=None, help="train config: YAML/JSON file or inline JSON")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads this job may use on this node, shared by its ranks "
+                         "(default: the available cores; config num_threads overrides)")
     args = ap.parse_args(argv)
     die_with_launcher()
     try:
         run_train(args.model, args.pool, args.selection, args.out, args.metrics,
-                  args.distribution, args.seed, parse_config_arg(args.config))
+                  args.distribution, args.seed, parse_config_arg(args.config), args.threads)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    freeze_for_exit()
     return 0
 
 

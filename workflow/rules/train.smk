@@ -19,8 +19,8 @@ rule train:
         f"benchmarks/out/train/{RUN}.tsv"
     conda:
         ENV
-    # One core per rank, capped at --cores: a CPU-rank run has the machine to itself,
-    # so its wall time is not disturbed by other jobs.
+    # One core per rank, capped at --cores (--threads shares them among the ranks, so
+    # jobs that run side by side do not oversubscribe the cores).
     threads: lambda w: int(w.gpus)
     resources:
         mem_mb=lambda w: 4000 * int(w.gpus),
@@ -33,5 +33,5 @@ rule train:
         " -m clusterft.train"
         " --model {input.model} --pool {input.pool} --selection {input.selection}"
         " --out {output.model} --metrics {output.metrics}"
-        " --distribution {wildcards.dist} --seed {wildcards.seed}"
+        " --distribution {wildcards.dist} --seed {wildcards.seed} --threads {threads}"
         " --config {params.cfg:q} > {log} 2>&1"
