@@ -15,9 +15,9 @@ from clusterft.train import run_train
 from test_train import BASE_CFG, make_selection, weights
 
 
-def brute_force_cost(lengths: list[int], cost: float) -> float:
+def brute_force_cost(lengths: list[int], cost: float, multiple: int = 1) -> float:
     """Cheapest split of the sorted lengths into contiguous groups, by enumeration."""
-    s = sorted(lengths)
+    s = [-(-x // multiple) * multiple for x in sorted(lengths)]
     n, best = len(s), float("inf")
     for mask in itertools.product([0, 1], repeat=n - 1):
         cuts = [0] + [i + 1 for i, m in enumerate(mask) if m] + [n]
@@ -28,19 +28,21 @@ def brute_force_cost(lengths: list[int], cost: float) -> float:
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("cost", [0.0, 20.0, 300.0])
-def test_plan_is_a_partition_and_optimal(seed, cost):
+@pytest.mark.parametrize("multiple", [1, 16])
+def test_plan_is_a_partition_and_optimal(seed, cost, multiple):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(5, 200, size=int(rng.integers(1, 10))).tolist()
-    groups = plan_micro_batches(lengths, cost)
+    groups = plan_micro_batches(lengths, cost, multiple)
     flat = [i for g in groups for i in g]
     assert sorted(flat) == list(range(len(lengths)))  # every example exactly once
     assert all(g for g in groups)
     # groups are runs of the sorted lengths: each group's longest <= the next group's shortest
     for a, b in zip(groups, groups[1:]):
         assert max(lengths[i] for i in a) <= min(lengths[i] for i in b)
-    got = padded_size(lengths, groups) + cost * len(groups)
-    assert got == pytest.approx(brute_force_cost(lengths, cost))
-    assert padded_size(lengths, groups) <= len(lengths) * max(lengths)
+    got = padded_size(lengths, groups, multiple) + cost * len(groups)
+    assert got == pytest.approx(brute_force_cost(lengths, cost, multiple))
+    assert padded_size(lengths, groups, multiple) <= len(lengths) * (-(-max(lengths) // multiple) * multiple)
+    assert padded_size(lengths, groups, multiple) % multiple == 0
 
 
 def test_plan_extremes():
@@ -130,7 +132,9 @@ def test_training_matches_the_plain_padded_step(tmp_path, tiny_model_dir, tiny_p
     sel = make_selection(tmp_path / "sel.parquet", tiny_pool, 24)
     outs = {}
     for name, extra in {"plain": {"group_cost_tokens": -1, "sparse_logits": False, "precision": "fp32"},
-                        "fast": {"group_cost_tokens": 0, "sparse_logits": True, "precision": "fp32"}}.items():
+                        "fast": {"group_cost_tokens": 0, "sparse_logits": True, "precision": "fp32"},
+                        "pad16": {"group_cost_tokens": 0, "sparse_logits": True, "precision": "fp32",
+                                  "pad_to_multiple_of": 16}}.items():
         cfg = {**BASE_CFG, "batch_size": 8, "epochs": 1, **extra}
         m = run_train(tiny_model_dir, tiny_pool_path, sel, tmp_path / name, tmp_path / f"{name}.json",
                       "random", 0, cfg)
@@ -142,13 +146,19 @@ def test_training_matches_the_plain_padded_step(tmp_path, tiny_model_dir, tiny_p
     np.testing.assert_allclose(mf["loss_curve"], mp["loss_curve"], rtol=1e-4)
     for k in wp:
         torch.testing.assert_close(wf[k], wp[k], rtol=1e-3, atol=1e-5)
+    m16, w16 = outs["pad16"]  # padding to a multiple of 16 changes the shapes, not the result
+    assert all(p % 16 == 0 for row in m16["padded_tokens_per_step"] for p in row)
+    assert mf["padded_tokens"] < m16["padded_tokens"]
+    np.testing.assert_allclose(m16["loss_curve"], mf["loss_curve"], rtol=1e-4)
+    for k in wf:
+        torch.testing.assert_close(w16[k], wf[k], rtol=1e-3, atol=1e-5)
 
 
 def test_precision_resolution_and_bf16_training(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
     from clusterft.errors import InputError
     from clusterft.models import native_bf16, resolve_precision
 
-    assert resolve_precision("auto", "cpu") == "fp32"  # CPU ranks: bf16 did not pay off
+    assert resolve_precision("auto", "cpu") == "fp32"  # CPUs: bf16 only where chosen
     assert isinstance(native_bf16("cpu"), bool)
     assert resolve_precision("fp32", "cpu") == "fp32" and resolve_precision("bf16", "cpu") == "bf16"
     with pytest.raises(InputError, match="train.precision"):

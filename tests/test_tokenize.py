@@ -105,6 +105,12 @@ def test_collate_pads_to_longest(tok, tiny_pool):
         assert (batch["labels"][i, k:] == IGNORE_INDEX).all()
         assert batch["attention_mask"][i].sum().item() == k
     assert batch["input_ids"].dtype == torch.long
+    rounded = Collator(tok.pad_token_id, pad_to_multiple_of=16)(encs)
+    width = -(-longest // 16) * 16
+    assert rounded["input_ids"].shape == (5, width) and width % 16 == 0 and width >= longest
+    assert torch.equal(rounded["input_ids"][:, :longest], batch["input_ids"])
+    assert (rounded["labels"][:, longest:] == IGNORE_INDEX).all()
+    assert torch.equal(rounded["attention_mask"].sum(1), batch["attention_mask"].sum(1))
 
 
 def test_padding_does_not_change_loss(tok, tiny_model_dir, tiny_pool):

@@ -34,14 +34,16 @@ from .tokenize import IGNORE_INDEX
 SPARSE_LOGIT_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
-def plan_micro_batches(lengths: Sequence[int], group_cost_tokens: float) -> list[list[int]]:
+def plan_micro_batches(lengths: Sequence[int], group_cost_tokens: float,
+                       pad_to_multiple_of: int = 1) -> list[list[int]]:
     """Split a batch into length-sorted groups minimising padded tokens + a cost per group.
 
     ``lengths[i]`` is example i's token count. Returns lists of positions into ``lengths``
     (every position exactly once; shortest examples first). A group of examples padded to
-    its longest costs ``size * longest + group_cost_tokens``; the split is optimal for that
-    cost (O(n^2) over contiguous runs of the sorted lengths, which contain an optimum).
-    ``group_cost_tokens`` < 0 disables splitting (one group, original order).
+    its longest (rounded up to ``pad_to_multiple_of``) costs ``size * padded length +
+    group_cost_tokens``; the split is optimal for that cost (O(n^2) over contiguous runs of
+    the sorted lengths, which contain an optimum). ``group_cost_tokens`` < 0 disables
+    splitting (one group, original order).
     """
     n = len(lengths)
     if n == 0:
@@ -49,7 +51,8 @@ def plan_micro_batches(lengths: Sequence[int], group_cost_tokens: float) -> list
     if group_cost_tokens < 0:
         return [list(range(n))]
     order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
-    s = np.asarray(lengths, dtype=np.float64)[order]
+    m = max(1, int(pad_to_multiple_of))
+    s = (-(-np.asarray(lengths, dtype=np.int64)[order] // m) * m).astype(np.float64)
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
     cut = np.zeros(n + 1, dtype=np.int64)
@@ -71,9 +74,10 @@ def label_count(example: dict) -> int:
     return sum(1 for t in example["labels"][1:] if t != IGNORE_INDEX)
 
 
-def padded_size(lengths: Sequence[int], groups: list[list[int]]) -> int:
+def padded_size(lengths: Sequence[int], groups: list[list[int]], pad_to_multiple_of: int = 1) -> int:
     """Tokens processed, padding included, when ``groups`` are padded separately."""
-    return int(sum(len(g) * max(lengths[i] for i in g) for g in groups if g))
+    m = max(1, int(pad_to_multiple_of))
+    return int(sum(len(g) * (-(-max(lengths[i] for i in g) // m) * m) for g in groups if g))
 
 
 class CausalLMLoss(torch.nn.Module):
@@ -107,7 +111,7 @@ class CausalLMLoss(torch.nn.Module):
 def backward_step(loss_fn: torch.nn.Module, examples: Sequence[dict], collate: Callable,
                   group_cost_tokens: float, device: torch.device | str = "cpu", bf16: bool = False,
                   no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
-                  denom: float | None = None) -> tuple[float, int, int]:
+                  denom: float | None = None, pad_to_multiple_of: int = 1) -> tuple[float, int, int]:
     """Forward + backward of one step's ``examples`` as length-grouped micro-batches.
 
     Accumulates into the parameters' ``.grad`` the gradient of the summed next-token loss
@@ -115,10 +119,12 @@ def backward_step(loss_fn: torch.nn.Module, examples: Sequence[dict], collate: C
     its label tokens (what one padded batch would give). Under DDP, which averages over
     ranks, pass the global label count / world size to get the mean over the global batch.
     ``no_sync`` (DDP's) wraps every group but the last, so gradients are reduced once per
-    step. Returns (loss, real tokens, padded tokens processed).
+    step. Groups are padded to a multiple of ``pad_to_multiple_of`` (``collate`` must pad
+    the same way). Returns (loss, real tokens, padded tokens processed).
     """
     device = torch.device(device)
-    groups = plan_micro_batches([e["length"] for e in examples], group_cost_tokens)
+    groups = plan_micro_batches([e["length"] for e in examples], group_cost_tokens,
+                                pad_to_multiple_of)
     if denom is None:
         denom = sum(label_count(e) for e in examples)
     denom = max(1.0, float(denom))

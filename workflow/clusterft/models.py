@@ -58,8 +58,8 @@ DEFAULTS: dict = {
         # Torch intra-op threads (0 = leave torch's default).
         "num_threads": 0,
         # auto | bf16 | fp32: bf16 autocasts matmuls (weights and optimiser stay float32);
-        # auto = bf16 on a CUDA GPU with bf16, fp32 elsewhere (on CPUs it did not pay off,
-        # see clusterft.models.resolve_precision). The precision used goes to
+        # auto = bf16 on a CUDA GPU with bf16, fp32 elsewhere (on CPUs it pays off only for
+        # some models, see clusterft.models.resolve_precision). The precision used goes to
         # pretrain_metrics.json.
         "precision": "auto",
         # Fraction of blocks held out to report a validation loss (0 disables).
@@ -287,9 +287,12 @@ def resolve_precision(precision: str, device, field: str = "precision") -> str:
 
     ``bf16`` means autocast: matmuls run in bfloat16 while the weights, the optimiser state
     and the loss stay float32 (the usual mixed-precision recipe). ``auto`` keeps fp32 on
-    CPUs even with native bf16 (AVX512-BF16): on the 2-core build machine, one process
-    ran the large model's step 1.7x faster in bf16 (benchmarks/bench_train_step.py), but
-    two concurrent torchrun ranks were no faster (large) or 2x slower (small) than fp32.
+    CPUs even with native bf16 (AVX512-BF16), where the gain depends on the model: oneDNN
+    builds its bf16 kernels per matrix shape, so a training run whose batches keep changing
+    shape gained little (large embedded model: 3%) or lost (small model: 2x slower) until
+    batches were padded to a multiple of 16 tokens (``train.pad_to_multiple_of``); then the
+    large model's step was 17-24% faster than fp32, the small one's still slower. Choose
+    ``bf16`` explicitly where it pays (config/config.yaml does for the large model).
     """
     if precision not in PRECISIONS:
         raise InputError(f"unknown precision '{precision}' ({'|'.join(PRECISIONS)})", field=field)

@@ -14,5 +14,4 @@ def freeze_for_exit() -> None:
     object out of the collector's reach; the process then exits normally (atexit handlers
     run, files are flushed and closed) in about 0.2 s. Call it when the work is done.
     """
-    gc.collect()
     gc.freeze()

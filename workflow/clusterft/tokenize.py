@@ -127,14 +127,16 @@ class Collator:
     """Pad a list of encoded examples to the longest one (right padding).
 
     Returns input_ids (pad id), labels (-100 on padding) and attention_mask, as int64
-    tensors of shape [batch, longest].
+    tensors of shape [batch, longest], the longest rounded up to a multiple of
+    ``pad_to_multiple_of`` (1: no rounding).
     """
 
-    def __init__(self, pad_id: int) -> None:
+    def __init__(self, pad_id: int, pad_to_multiple_of: int = 1) -> None:
         self.pad_id = int(pad_id)
+        self.multiple = max(1, int(pad_to_multiple_of))
 
     def __call__(self, batch: Sequence[dict]) -> dict[str, torch.Tensor]:
-        n = max(len(b["input_ids"]) for b in batch)
+        n = round_up(max(len(b["input_ids"]) for b in batch), self.multiple)
         ids = torch.full((len(batch), n), self.pad_id, dtype=torch.long)
         labels = torch.full((len(batch), n), IGNORE_INDEX, dtype=torch.long)
         mask = torch.zeros((len(batch), n), dtype=torch.long)
@@ -144,6 +146,12 @@ class Collator:
             labels[i, :k] = torch.as_tensor(b["labels"], dtype=torch.long)
             mask[i, :k] = 1
         return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def round_up(n: int, multiple: int) -> int:
+    """``n`` rounded up to a multiple of ``multiple`` (>= 1)."""
+    m = max(1, int(multiple))
+    return -(-int(n) // m) * m
 
 
 def collate(batch: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:

@@ -1,0 +1,97 @@
+"""Fixed costs of a job, measured side by side in one run.
+
+1. **Process exit**: a Python process that has imported torch + transformers (+ lm-eval)
+   and loaded a model, exiting normally vs after ``clusterft.runtime.freeze_for_exit()``
+   (what every entry point now calls when its work is done). Seconds from the end of the
+   work to the end of the process, best of ``--repeats``.
+2. **One rank vs two** (with ``--workdir`` of a finished run): the same training (one epoch
+   of a dataset's full selection, global batch 32) launched by torchrun on 1 rank with 1
+   thread and on 2 ranks with 1 thread each: wall seconds of the whole torchrun call and
+   core-seconds (wall x ranks), the cost Snakemake books for the job on a CPU machine.
+   The embedded default runs its accuracy sweep on 1 rank because of this ratio.
+
+    python benchmarks/bench_job_overhead.py [--repeats 3]
+    python benchmarks/bench_job_overhead.py --workdir /tmp/emb_full --dataset icd10 --size large
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+       "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "workflow"), os.environ.get("PYTHONPATH")) if p)}
+
+EXIT_CHILD = """
+import sys, time
+import torch, lm_eval.evaluator
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+cfg = LlamaConfig(vocab_size=2048, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=4)
+model = AutoModelForCausalLM.from_config(cfg)
+if sys.argv[1] == "freeze":
+    from clusterft.runtime import freeze_for_exit
+    freeze_for_exit()
+print(f"{time.time():.6f}", flush=True)
+"""
+
+
+def exit_seconds(mode: str) -> float:
+    p = subprocess.run([sys.executable, "-c", EXIT_CHILD, mode], env=ENV, capture_output=True,
+                       text=True, check=True)
+    end = time.time()
+    return end - float(p.stdout.strip().splitlines()[-1])
+
+
+def train_job(workdir: Path, dataset: str, size: str, nproc: int, out: Path) -> tuple[float, dict]:
+    cfg = {"epochs": 1, "global_batch_size": 32, "lr": 4e-3, "max_length": 192}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+           f"--nproc-per-node={nproc}", "-m", "clusterft.train",
+           "--model", str(workdir / "results" / "models" / size / "base"),
+           "--pool", str(workdir / "results" / "data" / dataset / "pool.jsonl"),
+           "--selection", str(workdir / "results" / "select" / dataset / size / "full-1" / "s0"
+                              / "selection.parquet"),
+           "--out", str(out / "model"), "--metrics", str(out / "m.json"),
+           "--distribution", "balanced", "--seed", "0", "--threads", str(nproc),
+           "--config", json.dumps(cfg)]
+    t = time.perf_counter()
+    subprocess.run(cmd, env=ENV, capture_output=True, text=True, check=True)
+    return time.perf_counter() - t, json.loads((out / "m.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workdir", type=Path, help="a finished run (for the 1 vs 2 rank rows)")
+    ap.add_argument("--dataset", default="icd10")
+    ap.add_argument("--size", default="large")
+    a = ap.parse_args()
+
+    plain = min(exit_seconds("plain") for _ in range(a.repeats))
+    frozen = min(exit_seconds("freeze") for _ in range(a.repeats))
+    print("process exit after torch+transformers+lm-eval and a model (best of "
+          f"{a.repeats}):\n  normal {plain:.2f} s   freeze_for_exit {frozen:.2f} s   "
+          f"ratio {frozen / plain:.2f}")
+    if a.workdir is None:
+        return
+    print(f"\none epoch of {a.dataset} full, {a.size} model, global batch 32:")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for nproc in (1, 2):
+            wall, m = train_job(a.workdir, a.dataset, a.size, nproc, Path(tmp) / f"g{nproc}")
+            rows.append((nproc, wall, wall * nproc, m["wall_time_s"], m["steps"]))
+    for nproc, wall, core_s, loop, steps in rows:
+        print(f"  {nproc} rank(s): job {wall:6.1f} s  core-s {core_s:6.1f}  loop {loop:6.1f} s  "
+              f"steps {steps}  overhead {wall - loop:5.1f} s")
+    print(f"  core-seconds 1 rank / 2 ranks: {rows[0][2] / rows[1][2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
