@@ -32,7 +32,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
 EXIT_CHILD = """
 import sys, time
 import torch, lm_eval.evaluator
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig
 cfg = LlamaConfig(vocab_size=2048, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=4)
 model = AutoModelForCausalLM.from_config(cfg)

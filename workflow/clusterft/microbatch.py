@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .tokenize import IGNORE_INDEX
+from .tokenize import IGNORE_INDEX, round_up
 
 # Architectures whose logits are exactly lm_head(last hidden state), with nothing after
 # the head (no soft-capping, no logit scale): the label-only head is exact for them.
@@ -51,8 +51,7 @@ def plan_micro_batches(lengths: Sequence[int], group_cost_tokens: float,
     if group_cost_tokens < 0:
         return [list(range(n))]
     order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
-    m = max(1, int(pad_to_multiple_of))
-    s = (-(-np.asarray(lengths, dtype=np.int64)[order] // m) * m).astype(np.float64)
+    s = np.asarray([round_up(lengths[i], pad_to_multiple_of) for i in order], dtype=np.float64)
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
     cut = np.zeros(n + 1, dtype=np.int64)
@@ -76,8 +75,8 @@ def label_count(example: dict) -> int:
 
 def padded_size(lengths: Sequence[int], groups: list[list[int]], pad_to_multiple_of: int = 1) -> int:
     """Tokens processed, padding included, when ``groups`` are padded separately."""
-    m = max(1, int(pad_to_multiple_of))
-    return int(sum(len(g) * (-(-max(lengths[i] for i in g) // m) * m) for g in groups if g))
+    return int(sum(len(g) * round_up(max(lengths[i] for i in g), pad_to_multiple_of)
+                   for g in groups if g))
 
 
 class CausalLMLoss(torch.nn.Module):

@@ -569,6 +569,7 @@ def summarize(acc: dict, cfg: dict, d: Dist, distribution: str, examples: list[d
               steps_per_epoch: int, epochs: int, steps: int, resumed_from: int | None,
               stopped_early: bool) -> dict:
     """Turn the per-step accumulators into train_metrics.json's fields."""
+    bs = rank_batch_size(cfg, d.world_size)
     losses = acc["losses"]
     every = max(1, int(cfg["log_every"]))
     curve_steps = list(range(every, steps + 1, every)) or ([steps] if steps else [])
@@ -588,8 +589,8 @@ def summarize(acc: dict, cfg: dict, d: Dist, distribution: str, examples: list[d
         "padded_tokens": int(np.sum(acc["padded_tokens_per_step"])),
         "examples": len(examples),
         "world_size": d.world_size,
-        "batch_size": rank_batch_size(cfg, d.world_size),
-        "global_batch_size": rank_batch_size(cfg, d.world_size) * d.world_size,
+        "batch_size": bs,
+        "global_batch_size": bs * d.world_size,
         "distribution": distribution,
         "finetune": cfg["finetune"],
         "per_rank_tokens_per_step": per_rank,
