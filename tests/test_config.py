@@ -153,6 +153,40 @@ def test_a_model_train_section_overrides_the_train_section(tmp_path: Path) -> No
     assert out.returncode != 0 and "models.large.train.epochz" in out.stdout + out.stderr
 
 
+def test_one_gpu_runs_start_without_torchrun(tmp_path: Path) -> None:
+    """A one-rank run is a plain `python -m clusterft.train` job; more ranks go through
+    torchrun with one process per GPU."""
+    out = _snakemake("results/train/skills/small/full-1/g1-balanced/s0/model",
+                     "results/train/skills/small/full-1/g4-random/s0/model", "-n", "-p",
+                     "--cores", "2", "--directory", str(tmp_path),
+                     "--configfile", str(ROOT / "config" / "config.yaml"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cmds = [ln.strip().removeprefix("Shell command: ") for ln in out.stdout.splitlines()
+            if "-m clusterft.train" in ln]
+    one = next(c for c in cmds if "/g1-balanced/" in c)
+    four = next(c for c in cmds if "/g4-random/" in c)
+    assert one.startswith("python -m clusterft.train ") and "torchrun" not in one
+    assert four.startswith("torchrun --standalone --nnodes 1 --nproc-per-node 4 -m clusterft.train ")
+    assert "--threads 1 " in one and "--threads 2 " in four  # --threads is capped at --cores 2
+    # sweep.time.epochs: 1 applies to the time-only run, not to the accuracy run
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    assert cfg["sweep"]["time"]["epochs"] == 1 != cfg["train"]["epochs"]
+    assert f'"epochs": {cfg["train"]["epochs"]}' in one and '"epochs": 1,' in four
+
+
+def test_time_epochs_may_not_retrain_accuracy_runs() -> None:
+    """sweep.time.epochs with a time run at the accuracy runs' GPU count and distribution
+    would give one trained model two recipes: the config check names the key."""
+    def overlap(c):
+        c["sweep"]["time"].update(epochs=1, gpus=[1, 2])
+        c["sweep"]["accuracy"].update(gpus=1, distribution="random")
+
+    with pytest.raises(InputError, match=r"sweep\.time\.epochs.*1 GPU random"):
+        check_config(_edit(overlap))
+    check_config(_edit(lambda c: c["sweep"]["time"].update(epochs=1, gpus=[2, 4])))
+    check_config(_edit(lambda c: (overlap(c), c["sweep"]["time"].update(epochs=None))))
+
+
 def _snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *args],

@@ -25,8 +25,8 @@ def _eval(path: Path, values: dict[str, float]) -> str:
     return str(path)
 
 
-def _train(path: Path, wall: float, tokens: int, steps: int, per_rank: list) -> str:
-    path.write_text(json.dumps({"wall_time_s": wall, "steps": steps, "epochs": 3, "tokens": tokens,
+def _train(path: Path, wall: float, tokens: int, steps: int, per_rank: list, epochs: int = 3) -> str:
+    path.write_text(json.dumps({"wall_time_s": wall, "steps": steps, "epochs": epochs, "tokens": tokens,
                                 "examples": 100, "world_size": len(per_rank[0]),
                                 "distribution": "balanced", "per_rank_tokens_per_step": per_rank,
                                 "final_loss": 1.0, "loss_curve": [2.0, 1.0]}))
@@ -112,6 +112,31 @@ def test_time_table_ratio_and_imbalance(tmp_path):
     assert r4["imbalance_mean"] == pytest.approx(30 / 15)
     assert math.isnan(r4["ratio_to_full"])  # no full run at 4 GPUs
     assert not (tt["method"] == "base").any()
+
+
+def test_time_ratio_only_against_full_runs_of_the_same_epochs(tmp_path):
+    """Time-only runs may train fewer epochs (sweep.time.epochs): a 1-epoch cluster run is
+    compared with the 1-epoch full run, never with the 3-epoch one at the same GPUs."""
+    runs = make_runs(tmp_path, GOOD)  # 3 epochs
+    for method, budget, wall in (("cluster", 0.31, 12.0), ("full", 1.0, 30.0)):
+        runs.append({"dataset": "ds", "model": "small", "method": method, "budget": budget,
+                     "gpus": 2, "distribution": "balanced", "seed": 0, "eval_json": "",
+                     "train_metrics_json": _train(tmp_path / f"tm_e1_{method}.json", wall, 100, 4,
+                                                  [[20, 20]], epochs=1)})
+    df, tasks = load_runs(runs)
+    tt = time_table(df)
+    sel = (tt["method"] == "cluster") & (tt["gpus"] == 2) & (tt["distribution"] == "balanced")
+    one, three = tt[sel & (tt["epochs"] == "1")].iloc[0], tt[sel & (tt["epochs"] == "3")].iloc[0]
+    assert one["ratio_to_full"] == pytest.approx(12.0 / 30.0) and one["n_seeds"] == 1
+    assert three["ratio_to_full"] == pytest.approx(31.5 / 100.5) and three["n_seeds"] == 2
+    text = findings_text(accuracy_table(df, tasks), time_table(df))
+    tred = text.split("Training time reduction")[1].splitlines()[0]
+    assert "2 GPU balanced, 1 epoch: 12.0 s vs full 30.0 s (ratio 0.40)" in tred
+    assert "2 GPU balanced, 3 epochs: 31.5 s vs full 100.5 s" in tred
+    from clusterft.report import time_markdown
+
+    header = time_markdown(tt).splitlines()[0]
+    assert "| fraction | epochs |" in header
 
 
 def test_imbalance():

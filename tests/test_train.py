@@ -60,7 +60,7 @@ def test_two_rank_torchrun(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path, 
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads(met.read_text())
     steps = math.ceil(n / (bs * 2)) * epochs
-    assert m["world_size"] == 2 and m["distribution"] == distribution
+    assert m["world_size"] == 2 and m["distribution"] == distribution and m["backend"] == "gloo"
     assert m["steps"] == steps == len(m["per_rank_tokens_per_step"]) == len(m["padded_tokens_per_step"])
     assert m["examples"] == n and m["epochs"] == epochs
     assert all(len(row) == 2 for row in m["per_rank_tokens_per_step"])
@@ -112,6 +112,32 @@ def test_global_batch_two_ranks_equal_one_rank(tmp_path, tiny_model_dir, tiny_po
     assert np.allclose(m1["loss_curve"], m2["loss_curve"], rtol=1e-5, atol=1e-6)
     w1, w2 = weights(one), weights(two)
     assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-5
+
+
+def test_one_rank_under_torchrun_trains_without_a_process_group(tmp_path, tiny_model_dir, tiny_pool,
+                                                                tiny_pool_path):
+    """torchrun with one rank runs the plain single-process path (no process group, no DDP
+    wrapper, whose all-reduces over one rank average nothing): the same weights, bit for
+    bit, as run_train in this process with the same thread count."""
+    sel = make_selection(tmp_path / "sel.parquet", tiny_pool, 24)
+    cfg = {**BASE_CFG, "epochs": 2}
+    run, met = tmp_path / "run", tmp_path / "run.json"
+    r = torchrun(1, ["--model", str(tiny_model_dir), "--pool", str(tiny_pool_path), "--selection", str(sel),
+                     "--out", str(run), "--metrics", str(met), "--distribution", "balanced",
+                     "--seed", "2", "--threads", "1", "--config", json.dumps(cfg)], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads(met.read_text())
+    assert m["world_size"] == 1 and m["backend"] is None and m["threads_per_rank"] == 1
+    here, met_here = tmp_path / "here", tmp_path / "here.json"
+    threads = torch.get_num_threads()
+    try:
+        m_here = run_train(tiny_model_dir, tiny_pool_path, sel, here, met_here, "balanced", 2, cfg,
+                           job_threads=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert m_here["backend"] is None and m_here["loss_curve"] == m["loss_curve"]
+    w, w_here = weights(run), weights(here)
+    assert set(w) == set(w_here) and all(torch.equal(w[k], w_here[k]) for k in w)
 
 
 def test_global_batch_size_must_divide(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):

@@ -168,6 +168,14 @@ def check_config(cfg: dict, source: str = "config") -> None:
     if trunc is not None and trunc not in TRUNCATION:
         raise config_error(f"unknown truncation policy '{trunc}'; valid: {', '.join(TRUNCATION)}",
                            source, "train.truncation")
+    t_epochs = sweep.get("time", {}).get("epochs")
+    acc = sweep.get("accuracy", {})
+    if t_epochs is not None and acc.get("gpus") in sweep["time"].get("gpus", []) \
+            and acc.get("distribution") in sweep["time"].get("distributions", []):
+        raise config_error(f"sweep.time.epochs = {t_epochs}, but the time sweep includes the "
+                           f"accuracy runs' {acc['gpus']} GPU {acc['distribution']} runs, which "
+                           "train the accuracy recipe; drop sweep.time.epochs or leave that GPU "
+                           "count or distribution out of the time sweep", source, "sweep.time.epochs")
     for i, m in enumerate(sweep.get("time", {}).get("models", []) or []):
         if m not in cfg["models"]:
             raise config_error(f"time-sweep model '{m}' is not defined under models; defined: "

@@ -148,6 +148,7 @@ def load_runs(runs: Iterable[Mapping[str, Any]], cfg: Mapping[str, Any] | None =
             row["wall_time_s"] = float(m["wall_time_s"])
             row["tokens"] = float(m["tokens"])
             row["steps"] = float(m["steps"])
+            row["epochs"] = str(int(m["epochs"])) if not _blank(m.get("epochs")) else "-"
             row["imbalance"] = imbalance(m.get("per_rank_tokens_per_step"))
         rows.append(row)
     if not rows:
@@ -156,6 +157,7 @@ def load_runs(runs: Iterable[Mapping[str, Any]], cfg: Mapping[str, Any] | None =
     for c in ("average", "wall_time_s", "tokens", "steps", "imbalance"):
         if c not in df:
             df[c] = np.nan
+    df["epochs"] = df["epochs"].fillna("-") if "epochs" in df else "-"
     return df, tasks
 
 
@@ -202,14 +204,17 @@ def accuracy_table(df: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any] | 
 
 
 def time_table(df: pd.DataFrame, cfg: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """dataset x model x gpus x distribution x method x budget: train time, tokens, imbalance."""
+    """dataset x model x gpus x distribution x method x budget x epochs: train time, tokens,
+    imbalance, and the ratio to the full-data run with the same GPUs, distribution and epochs
+    (runs of other epoch counts are never each other's reference)."""
     cfg = {**DEFAULTS, **(cfg or {})}
     tr = df[df["wall_time_s"].notna()].copy()
     if tr.empty:
-        return pd.DataFrame(columns=KEY_TIME + ["fraction", "n_seeds", "wall_time_s_mean"])
+        return pd.DataFrame(columns=KEY_TIME + ["fraction", "epochs", "n_seeds", "wall_time_s_mean"])
     tr["gpus"] = tr["gpus"].fillna(1).astype(int)
     tr["distribution"] = tr["distribution"].fillna("-")
-    g = tr.groupby(KEY_TIME + ["fraction"], dropna=False)
+    tr["epochs"] = tr["epochs"].fillna("-") if "epochs" in tr else "-"
+    g = tr.groupby(KEY_TIME + ["fraction", "epochs"], dropna=False)
     out = pd.DataFrame({
         "n_seeds": g["seed"].nunique(),
         "wall_time_s_mean": g["wall_time_s"].mean(),
@@ -218,7 +223,7 @@ def time_table(df: pd.DataFrame, cfg: Mapping[str, Any] | None = None) -> pd.Dat
         "steps_mean": g["steps"].mean(),
         "imbalance_mean": g["imbalance"].mean(),
     }).reset_index()
-    ref_keys = ["dataset", "model", "gpus", "distribution"]
+    ref_keys = ["dataset", "model", "gpus", "distribution", "epochs"]
     full = out[out["method"] == cfg["full_method"]].groupby(ref_keys)["wall_time_s_mean"].mean()
     full = full.rename("_full").reset_index()
     out = out.merge(full, on=ref_keys, how="left")
@@ -265,7 +270,8 @@ def accuracy_markdown(acc: pd.DataFrame, tasks: list[str]) -> str:
 
 def time_markdown(tt: pd.DataFrame) -> str:
     """Time table: wall time mean ± std, tokens, steps, ratio to full, imbalance."""
-    view = tt[["dataset", "model", "gpus", "distribution", "method", "fraction", "n_seeds"]].copy()
+    view = tt[["dataset", "model", "gpus", "distribution", "method", "fraction", "epochs",
+               "n_seeds"]].copy()
     view["fraction"] = view["fraction"].map(lambda f: f"{f:.0%}")
     view["wall_time_s"] = [_pm(m, s, 1)
                            for m, s in zip(tt["wall_time_s_mean"], tt["wall_time_s_std"])]
@@ -346,8 +352,9 @@ def plot_time(tt: pd.DataFrame, dataset: str, cfg: Mapping[str, Any],
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, model in zip(axes[0], models):
         m = _sort(d[d["model"] == model], ["gpus", "distribution", "method", "fraction"], cfg)
+        several = d["epochs"].nunique() > 1
         labels = [f"{r.method} {r.fraction:.0%}\n{r.gpus} GPU {r.distribution}"
-                  for r in m.itertuples()]
+                  + (f"\n{r.epochs} ep" if several else "") for r in m.itertuples()]
         cols = [colors.setdefault(x, palette[len(colors) % len(palette)])
                 for x in m["distribution"]]
         ax.bar(range(len(m)), m["wall_time_s_mean"], yerr=m["wall_time_s_std"].fillna(0),
@@ -371,6 +378,10 @@ def _save(fig: Any, out_png: str | os.PathLike, cfg: Mapping[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- findings
+def _epochs(e: str) -> str:
+    return "epochs unknown" if e == "-" else f"{e} epoch" + ("" if e == "1" else "s")
+
+
 def _row(acc: pd.DataFrame, method: str, fraction: float) -> pd.Series | None:
     r = acc[(acc["method"] == method) & np.isclose(acc["fraction"], fraction, atol=1e-6)]
     return None if r.empty else r.iloc[0]
@@ -437,7 +448,7 @@ def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
 
     # 3. training time reduction at 31%
     t = tt[(tt["dataset"] == dataset) & (tt["model"] == model)]
-    head = f"**Training time reduction at {pct} (cluster vs full, same GPUs/distribution)**: "
+    head = f"**Training time reduction at {pct} (cluster vs full, same GPUs/distribution/epochs)**: "
     pairs = t[(t["method"] == cfg["cluster_method"]) & np.isclose(t["fraction"], b)
               & t["ratio_to_full"].notna()]
     if pairs.empty:
@@ -447,7 +458,8 @@ def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
         for r in pairs.itertuples():
             oks.append(r.ratio_to_full < 1)
             full_s = r.wall_time_s_mean / r.ratio_to_full
-            parts.append(f"{r.gpus} GPU {r.distribution}: {r.wall_time_s_mean:.1f} s vs full "
+            parts.append(f"{r.gpus} GPU {r.distribution}, {_epochs(r.epochs)}: "
+                         f"{r.wall_time_s_mean:.1f} s vs full "
                          f"{full_s:.1f} s (ratio {r.ratio_to_full:.2f})")
         verdict = "reproduced" if all(oks) else ("partly reproduced" if any(oks)
                                                  else "not reproduced")
@@ -456,20 +468,20 @@ def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
     # 4. balanced vs random distribution
     head = "**Balanced distribution faster than random distribution**: "
     bal, rd = cfg["balanced_distribution"], cfg["random_distribution"]
-    keys = ["gpus", "method", "fraction"]
+    keys = ["gpus", "method", "fraction", "epochs"]
     tb = t[t["distribution"] == bal].set_index(keys)
     tr = t[t["distribution"] == rd].set_index(keys)
     common = tb.index.intersection(tr.index)
     if len(common) == 0:
-        out.append(head + "not evaluated (needs both distributions with the same GPUs, method "
-                   "and budget).")
+        out.append(head + "not evaluated (needs both distributions with the same GPUs, method, "
+                   "budget and epochs).")
     else:
         parts, oks = [], []
         for k in common:
             rb, rr = tb.loc[k], tr.loc[k]
             ratio = rb["wall_time_s_mean"] / rr["wall_time_s_mean"]
             oks.append(ratio < 1)
-            parts.append(f"{k[0]} GPU {k[1]} {k[2]:.0%}: balanced "
+            parts.append(f"{k[0]} GPU {k[1]} {k[2]:.0%} ({_epochs(k[3])}): balanced "
                          f"{_pm(rb['wall_time_s_mean'], rb['wall_time_s_std'], 1)} s vs random "
                          f"{_pm(rr['wall_time_s_mean'], rr['wall_time_s_std'], 1)} s "
                          f"(ratio {ratio:.2f}, seeds {int(rb['n_seeds'])} vs {int(rr['n_seeds'])}; "

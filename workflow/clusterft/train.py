@@ -221,7 +221,11 @@ class Dist:
 
 
 def setup_distributed(cfg: dict) -> Dist:
-    """Init the process group when launched by torchrun (WORLD_SIZE in env), else world 1."""
+    """Init the process group when launched by torchrun with more than one rank, else world 1.
+
+    One rank trains without a process group or DDP wrapper, even under torchrun: the same
+    model (DDP over one rank averages nothing), without a gloo all-reduce of every gradient
+    and of the label count per step (about 0.05 s per step on the small embedded model)."""
     import torch.distributed as dist
 
     want_cuda = cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())
@@ -235,7 +239,7 @@ def setup_distributed(cfg: dict) -> Dist:
     if want_cuda:
         torch.cuda.set_device(device)
     initialized = False
-    if world > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
+    if world > 1:
         backend = cfg["backend"]
         if backend == "auto":
             backend = "nccl" if want_cuda else "gloo"
@@ -244,6 +248,15 @@ def setup_distributed(cfg: dict) -> Dist:
         initialized = True
         world, rank = dist.get_world_size(), dist.get_rank()
     return Dist(rank, world, local_rank, local_world, device, initialized)
+
+
+def _backend(d: Dist) -> str | None:
+    """The process group's backend (gloo, nccl), or None for one rank without a group."""
+    if not d.initialized:
+        return None
+    import torch.distributed as dist
+
+    return str(dist.get_backend())
 
 
 def set_threads(cfg: dict, d: Dist, job_threads: int | None = None) -> int:
@@ -656,6 +669,7 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
             "truncated_examples": int(sum(e["truncated"] for e in examples)),
             "threads_per_rank": threads,
             "device": str(d.device),
+            "backend": _backend(d),
             "seed": seed,
         })
         if d.rank == 0:

@@ -192,9 +192,32 @@ def model_train_section(model):
     return merged(config.get("train", {}), own)
 
 
+def is_time_only(wildcards):
+    """A run outside the accuracy sweep's GPU count and distribution (check_config keeps
+    the two apart when sweep.time.epochs is set)."""
+    acc = config["sweep"]["accuracy"]
+    gpus, dist = int(acc["gpus"]), acc["distribution"]
+    return (int(wildcards.gpus), wildcards.dist) != (gpus, dist)
+
+
 def train_cfg(wildcards):
-    """The model's train section (JSON) for the train rule."""
-    return json.dumps(canonical(model_train_section(wildcards.model)))
+    """The model's train section (JSON) for the train rule; time-only runs train
+    sweep.time.epochs epochs when that is set."""
+    cfg = model_train_section(wildcards.model)
+    epochs = config["sweep"]["time"].get("epochs")
+    if epochs is not None and is_time_only(wildcards):
+        cfg = {**cfg, "epochs": int(epochs)}
+    return json.dumps(canonical(cfg))
+
+
+def train_launcher(wildcards):
+    """One rank: plain `python` (torchrun's launcher process would add ~3 s per job and
+    nothing else, since one rank trains without a process group). More ranks: torchrun.
+    """
+    n = int(wildcards.gpus)
+    if n == 1:
+        return "python"
+    return f"torchrun --standalone --nnodes 1 --nproc-per-node {n}"
 
 
 def length_policy(wildcards):

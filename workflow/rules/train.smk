@@ -1,5 +1,6 @@
 # Data-parallel fine-tuning with torch.distributed, launched by torchrun:
-# one process per GPU (gloo CPU ranks in the embedded default).
+# one process per GPU (gloo CPU ranks in the embedded default). A one-GPU run is a plain
+# `python -m clusterft.train` process (no launcher, no process group: same model).
 # With train.checkpoint_every, checkpoints go to <model>.ckpt/ beside the declared outputs:
 # after a killed run, `snakemake --rerun-incomplete` deletes the incomplete outputs and the
 # rerun resumes from the checkpoint (tests/test_workflow.py kills one with SIGKILL).
@@ -27,10 +28,10 @@ rule train:
         runtime=600,
         gpu=lambda w: int(w.gpus) if USE_GPU else 0,
     params:
+        launcher=train_launcher,
         cfg=train_cfg,
     shell:
-        "torchrun --standalone --nnodes 1 --nproc-per-node {wildcards.gpus}"
-        " -m clusterft.train"
+        "{params.launcher} -m clusterft.train"
         " --model {input.model} --pool {input.pool} --selection {input.selection}"
         " --out {output.model} --metrics {output.metrics}"
         " --distribution {wildcards.dist} --seed {wildcards.seed} --threads {threads}"
