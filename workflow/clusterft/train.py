@@ -224,8 +224,8 @@ def setup_distributed(cfg: dict) -> Dist:
     """Init the process group when launched by torchrun with more than one rank, else world 1.
 
     One rank trains without a process group or DDP wrapper, even under torchrun: the same
-    model (DDP over one rank averages nothing), without a gloo all-reduce of every gradient
-    and of the label count per step (about 0.05 s per step on the small embedded model)."""
+    model (DDP over one rank averages nothing), without the all-reduces of the gradients and
+    of the label count at every step (tests/test_train.py checks the weights are equal)."""
     import torch.distributed as dist
 
     want_cuda = cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())

@@ -211,8 +211,8 @@ def train_cfg(wildcards):
 
 
 def train_launcher(wildcards):
-    """One rank: plain `python` (torchrun's launcher process would add ~3 s per job and
-    nothing else, since one rank trains without a process group). More ranks: torchrun.
+    """One rank: plain `python` (torchrun's launcher process added 2-3 s per job, measured,
+    and nothing else: one rank trains without a process group). More ranks: torchrun.
     """
     n = int(wildcards.gpus)
     if n == 1:
