@@ -5,10 +5,12 @@
    (what every entry point now calls when its work is done). Seconds from the end of the
    work to the end of the process, best of ``--repeats``.
 2. **One rank vs two** (with ``--workdir`` of a finished run): the same training (one epoch
-   of a dataset's full selection, global batch 32) launched by torchrun on 1 rank with 1
-   thread and on 2 ranks with 1 thread each: wall seconds of the whole torchrun call and
-   core-seconds (wall x ranks), the cost Snakemake books for the job on a CPU machine.
-   The embedded default runs its accuracy sweep on 1 rank because of this ratio.
+   of a dataset's full selection, global batch 32) on 1 rank as a plain ``python -m
+   clusterft.train`` process (how the workflow starts one-GPU runs), on 1 rank under
+   torchrun, and on 2 ranks under torchrun, 1 thread per rank: wall seconds of the whole
+   call and core-seconds (wall x ranks), the cost Snakemake books for the job on a CPU
+   machine; the three launches interleaved ``--repeats`` times, medians printed. The
+   embedded default runs its accuracy sweep on 1 rank because of these ratios.
 
     python benchmarks/bench_job_overhead.py [--repeats 3]
     python benchmarks/bench_job_overhead.py --workdir /tmp/emb_full --dataset icd10 --size large
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,10 +53,12 @@ def exit_seconds(mode: str) -> float:
     return end - float(p.stdout.strip().splitlines()[-1])
 
 
-def train_job(workdir: Path, dataset: str, size: str, nproc: int, out: Path) -> tuple[float, dict]:
+def train_job(workdir: Path, dataset: str, size: str, nproc: int, out: Path,
+              launcher: bool = True) -> tuple[float, dict]:
     cfg = {"epochs": 1, "global_batch_size": 32, "lr": 4e-3, "max_length": 192}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-           f"--nproc-per-node={nproc}", "-m", "clusterft.train",
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+              f"--nproc-per-node={nproc}"] if launcher else []
+    cmd = [sys.executable, *launch, "-m", "clusterft.train",
            "--model", str(workdir / "results" / "models" / size / "base"),
            "--pool", str(workdir / "results" / "data" / dataset / "pool.jsonl"),
            "--selection", str(workdir / "results" / "select" / dataset / size / "full-1" / "s0"
@@ -82,15 +87,25 @@ def main() -> None:
     if a.workdir is None:
         return
     print(f"\none epoch of {a.dataset} full, {a.size} model, global batch 32:")
-    rows = []
+    launches = (("1 rank, python", 1, False), ("1 rank, torchrun", 1, True),
+                ("2 ranks, torchrun", 2, True))
+    runs: dict[str, list[tuple[float, dict]]] = {name: [] for name, _, _ in launches}
     with tempfile.TemporaryDirectory() as tmp:
-        for nproc in (1, 2):
-            wall, m = train_job(a.workdir, a.dataset, a.size, nproc, Path(tmp) / f"g{nproc}")
-            rows.append((nproc, wall, wall * nproc, m["wall_time_s"], m["steps"]))
-    for nproc, wall, core_s, loop, steps in rows:
-        print(f"  {nproc} rank(s): job {wall:6.1f} s  core-s {core_s:6.1f}  loop {loop:6.1f} s  "
+        for i in range(a.repeats):
+            for name, nproc, launcher in launches:
+                out = Path(tmp) / f"{name.replace(' ', '').replace(',', '')}-{i}"
+                runs[name].append(train_job(a.workdir, a.dataset, a.size, nproc, out, launcher))
+    rows = []
+    for name, nproc, _ in launches:
+        wall = statistics.median(w for w, _ in runs[name])
+        loop = statistics.median(m["wall_time_s"] for _, m in runs[name])
+        rows.append((name, wall, wall * nproc, loop, runs[name][0][1]["steps"]))
+    print(f"  medians of {a.repeats} interleaved runs each")
+    for name, wall, core_s, loop, steps in rows:
+        print(f"  {name:18s} job {wall:6.1f} s  core-s {core_s:6.1f}  loop {loop:6.1f} s  "
               f"steps {steps}  overhead {wall - loop:5.1f} s")
-    print(f"  core-seconds 1 rank / 2 ranks: {rows[0][2] / rows[1][2]:.2f}")
+    print(f"  core-seconds 1 rank (python) / 1 rank (torchrun): {rows[0][2] / rows[1][2]:.2f}")
+    print(f"  core-seconds 1 rank (python) / 2 ranks (torchrun): {rows[0][2] / rows[2][2]:.2f}")
 
 
 if __name__ == "__main__":

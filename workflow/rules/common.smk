@@ -211,8 +211,9 @@ def train_cfg(wildcards):
 
 
 def train_launcher(wildcards):
-    """One rank: plain `python` (torchrun's launcher process added 2-3 s per job, measured,
-    and nothing else: one rank trains without a process group). More ranks: torchrun.
+    """One rank: plain `python` (torchrun's launcher process adds about 1.5 s per job and
+    nothing else: one rank trains without a process group; benchmarks/bench_job_overhead.py).
+    More ranks: torchrun.
     """
     n = int(wildcards.gpus)
     if n == 1:
