@@ -359,7 +359,8 @@ def plot_time(tt: pd.DataFrame, dataset: str, cfg: Mapping[str, Any],
                 for x in m["distribution"]]
         ax.bar(range(len(m)), m["wall_time_s_mean"], yerr=m["wall_time_s_std"].fillna(0),
                color=cols, capsize=3)
-        ax.set_xticks(range(len(m)), labels, fontsize=7)
+        ax.set_xticks(range(len(m)), labels, fontsize=7, rotation=45, ha="right",
+                      rotation_mode="anchor")
         ax.set_ylabel("train wall time (s)")
         ax.set_title(f"{dataset} / {model}")
         ax.grid(axis="y", alpha=0.3)
