@@ -140,6 +140,21 @@ def test_one_rank_under_torchrun_trains_without_a_process_group(tmp_path, tiny_m
     assert set(w) == set(w_here) and all(torch.equal(w[k], w_here[k]) for k in w)
 
 
+def test_backend_follows_the_device():
+    from clusterft.train import resolve_backend
+
+    assert resolve_backend("auto", cuda=True) == "nccl"
+    assert resolve_backend("auto", cuda=False) == "gloo"
+    assert resolve_backend("gloo", cuda=True) == "gloo"
+    assert resolve_backend("nccl", cuda=True) == "nccl"
+    with pytest.raises(InputError, match="train.backend"):
+        resolve_backend("nccl", cuda=False)
+    with pytest.raises(InputError, match="train.backend"):
+        train_config({"backend": "glo"})
+    with pytest.raises(InputError, match="train.device"):
+        train_config({"device": "gpu"})
+
+
 def test_global_batch_size_must_divide(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
     from clusterft.train import rank_batch_size
 

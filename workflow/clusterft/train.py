@@ -46,6 +46,8 @@ from .runtime import freeze_for_exit
 from .tokenize import POLICIES, Collator, check_messages, encode_records
 
 DISTRIBUTIONS = ("random", "balanced")
+BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
 
 DEFAULTS: dict = {
     # full: train every weight; lora: train LoRA adapters (merged into the weights on save).
@@ -145,6 +147,10 @@ def train_config(cfg: dict | None) -> dict:
     if out["truncation"] not in POLICIES:
         raise InputError(f"truncation must be one of {'|'.join(POLICIES)}, got "
                          f"'{out['truncation']}'", field="train.truncation")
+    for key, valid in (("backend", BACKENDS), ("device", DEVICES)):
+        if out[key] not in valid:
+            raise InputError(f"{key} must be one of {'|'.join(valid)}, got '{out[key]}'",
+                             field=f"train.{key}")
     return out
 
 
@@ -220,6 +226,17 @@ class Dist:
     initialized: bool = False
 
 
+def resolve_backend(backend: str, cuda: bool) -> str:
+    """The process-group backend for `train.backend` on CUDA or CPU ranks: auto picks nccl
+    with CUDA, else gloo; nccl on CPU ranks is an error (naming the key) before any work."""
+    if backend == "auto":
+        return "nccl" if cuda else "gloo"
+    if backend == "nccl" and not cuda:
+        raise InputError("backend: nccl needs CUDA ranks, but this run trains on the CPU; use "
+                         "gloo or auto (or device: cuda on a GPU machine)", field="train.backend")
+    return backend
+
+
 def setup_distributed(cfg: dict) -> Dist:
     """Init the process group when launched by torchrun with more than one rank, else world 1.
 
@@ -240,9 +257,7 @@ def setup_distributed(cfg: dict) -> Dist:
         torch.cuda.set_device(device)
     initialized = False
     if world > 1:
-        backend = cfg["backend"]
-        if backend == "auto":
-            backend = "nccl" if want_cuda else "gloo"
+        backend = resolve_backend(cfg["backend"], want_cuda)
         if not dist.is_initialized():
             dist.init_process_group(backend=backend)
         initialized = True
