@@ -41,8 +41,15 @@ def reload(model_dir: Path):
             AutoTokenizer.from_pretrained(model_dir, local_files_only=True))
 
 
-def torchrun(nproc: int, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, model: Path, pool: Path, sel: Path, out: Path, met: Path, distribution: str,
+             seed: int, cfg: dict, cwd: Path, threads: int | None = None) -> subprocess.CompletedProcess:
+    """`python -m clusterft.train` on `nproc` ranks under torchrun, offline."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    args = ["--model", str(model), "--pool", str(pool), "--selection", str(sel), "--out", str(out),
+            "--metrics", str(met), "--distribution", distribution, "--seed", str(seed),
+            "--config", json.dumps(cfg)]
+    if threads is not None:
+        args += ["--threads", str(threads)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "clusterft.train", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
@@ -54,9 +61,7 @@ def test_two_rank_torchrun(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path, 
     sel = make_selection(tmp_path / "sel.parquet", tiny_pool, n)
     cfg = {**BASE_CFG, "batch_size": bs, "epochs": epochs}
     out, met = tmp_path / "model", tmp_path / "train_metrics.json"
-    r = torchrun(2, ["--model", str(tiny_model_dir), "--pool", str(tiny_pool_path), "--selection", str(sel),
-                     "--out", str(out), "--metrics", str(met), "--distribution", distribution,
-                     "--seed", "1", "--config", json.dumps(cfg)], tmp_path)
+    r = torchrun(2, tiny_model_dir, tiny_pool_path, sel, out, met, distribution, 1, cfg, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads(met.read_text())
     steps = math.ceil(n / (bs * 2)) * epochs
@@ -96,9 +101,8 @@ def test_global_batch_two_ranks_equal_one_rank(tmp_path, tiny_model_dir, tiny_po
     sel = make_selection(tmp_path / "sel.parquet", tiny_pool, n)
     cfg = {**BASE_CFG, "global_batch_size": 8, "batch_size": 99, "epochs": 2}
     two, met2 = tmp_path / "two", tmp_path / "two.json"
-    r = torchrun(2, ["--model", str(tiny_model_dir), "--pool", str(tiny_pool_path), "--selection", str(sel),
-                     "--out", str(two), "--metrics", str(met2), "--distribution", "random",
-                     "--seed", "3", "--threads", "2", "--config", json.dumps(cfg)], tmp_path)
+    r = torchrun(2, tiny_model_dir, tiny_pool_path, sel, two, met2, "random", 3, cfg, tmp_path,
+                 threads=2)
     assert r.returncode == 0, r.stderr[-3000:]
     m2 = json.loads(met2.read_text())
     one, met1 = tmp_path / "one", tmp_path / "one.json"
@@ -122,9 +126,8 @@ def test_one_rank_under_torchrun_trains_without_a_process_group(tmp_path, tiny_m
     sel = make_selection(tmp_path / "sel.parquet", tiny_pool, 24)
     cfg = {**BASE_CFG, "epochs": 2}
     run, met = tmp_path / "run", tmp_path / "run.json"
-    r = torchrun(1, ["--model", str(tiny_model_dir), "--pool", str(tiny_pool_path), "--selection", str(sel),
-                     "--out", str(run), "--metrics", str(met), "--distribution", "balanced",
-                     "--seed", "2", "--threads", "1", "--config", json.dumps(cfg)], tmp_path)
+    r = torchrun(1, tiny_model_dir, tiny_pool_path, sel, run, met, "balanced", 2, cfg, tmp_path,
+                 threads=1)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads(met.read_text())
     assert m["world_size"] == 1 and m["backend"] is None and m["threads_per_rank"] == 1

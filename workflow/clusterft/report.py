@@ -157,7 +157,6 @@ def load_runs(runs: Iterable[Mapping[str, Any]], cfg: Mapping[str, Any] | None =
     for c in ("average", "wall_time_s", "tokens", "steps", "imbalance"):
         if c not in df:
             df[c] = np.nan
-    df["epochs"] = df["epochs"].fillna("-") if "epochs" in df else "-"
     return df, tasks
 
 
