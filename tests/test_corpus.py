@@ -10,7 +10,7 @@ from clusterft.corpus import (DEFAULTS, Excluder, corpus_overlaps, exclude_texts
                               run_corpus)
 from clusterft.data import run_prepare_data
 from clusterft.errors import InputError
-from clusterft.pools import icd10, ngrams, words
+from clusterft.pools import icd10, ngrams, stdlib_snapshot, words
 
 SMALL = {"skills": {"n": 500, "items_per_task": 60},
          "pycode": {"n": 2100, "items_per_task": 60},
@@ -38,7 +38,8 @@ def test_corpus_size_and_format(built):
     docs = [d for d in text.split("\n\n\n") if d.strip()]
     assert len(docs) == s["documents"] > 50
     assert all("\n\n\n" not in d for d in docs)
-    json.loads((built["root"] / "corpus.json").read_text())
+    written = json.loads((built["root"] / "corpus.json").read_text())
+    assert written["stdlib_snapshot"] == s["stdlib_snapshot"] == stdlib_snapshot.info()
     # English prose, Python code and medical vocabulary are all there.
     assert "def " in text and "return" in text
     assert "statement" in text and "fracture" in text.lower()

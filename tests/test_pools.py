@@ -11,7 +11,7 @@ import pytest
 
 from clusterft.data import load_pool, run_prepare_data
 from clusterft.errors import InputError
-from clusterft.pools import icd10, pycode, skills, zipf_counts
+from clusterft.pools import icd10, pycode, skills, stdlib_snapshot, zipf_counts
 from clusterft.prompt import render_prompt
 
 SMALL = {"skills": {"n": 2000}, "pycode": {"n": 2100},
@@ -143,6 +143,7 @@ def test_pycode_pool(prepared):
     pool_files = {r["source"].split("/", 1)[1] for r in pool}
     _, corpus_files = pycode.stdlib_split(pycode.DEFAULTS["corpus_fraction"])
     assert pool_files and not pool_files & set(corpus_files)
+    assert prepared["pycode"]["summary"]["extra"]["stdlib_snapshot"] == stdlib_snapshot.info()
     assert not any(re.search(r"(^|/)(test|tests|idlelib|site-packages)/", f) for f in pool_files)
 
 

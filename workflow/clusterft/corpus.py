@@ -1,14 +1,17 @@
 """General corpus for the tokenizer and base-model pretraining, disjoint from pools/benchmarks.
 
 Built locally, no downloads, from three sources:
-- `pydoc_data.topics`: the Python language reference as plain English text (+ small code
-  examples), shipped with the interpreter;
+- ``pydoc_data/topics.py``: the Python language reference as plain English text (+ small
+  code examples);
 - the CORPUS part of the stdlib source files (`pools.pycode.stdlib_split`): code, docstrings
   and comments of modules the pycode pool never reads (character-map tables of the
   `encodings` package are skipped);
 - ICD-10 descriptions and block titles as shuffled lines with NO hierarchy (no codes,
   chapters or blocks next to them), so the model sees the medical vocabulary without the
   mappings the benchmarks test.
+The first two come from the stdlib snapshot shipped in the package (`pools.stdlib_snapshot`:
+CPython 3.11.7's files, checked against recorded sha256s before anything is built), not
+from the running interpreter.
 
 Disjointness: every line that shares a word 13-gram with any text of the `exclude` files
 (pool messages, benchmark prompts, answers and choices; windows may span lines of a
@@ -32,7 +35,7 @@ from tqdm import tqdm
 from .config import merge_section
 from .errors import InputError
 from .io import write_json, write_text
-from .pools import ngrams, words
+from .pools import ngrams, stdlib_snapshot, words
 from .pools import pycode as pycode_pool
 
 DEFAULTS: dict[str, Any] = {
@@ -154,11 +157,11 @@ def _clean(text: str) -> list[str]:
 
 
 def topics_docs(max_chars: int) -> list[list[str]]:
-    """The Python language reference topics, one document each (sorted by topic name)."""
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:
-        return []
+    """The Python language reference topics, one document each (sorted by topic name).
+
+    From the snapshot's ``pydoc_data/topics.py`` (parsed, not imported or executed).
+    """
+    topics = stdlib_snapshot.topics()
     docs, total = [], 0
     for name in sorted(topics):
         lines = _clean(topics[name])
@@ -170,17 +173,18 @@ def topics_docs(max_chars: int) -> list[list[str]]:
     return docs
 
 
-def stdlib_docs(cfg: dict) -> list[list[str]]:
-    """Source of the corpus part of the stdlib, one document per file (capped per file)."""
-    root = pycode_pool.stdlib_root()
+def stdlib_docs(cfg: dict, root: Path | None = None) -> list[list[str]]:
+    """Source of the corpus part of the stdlib, one document per file (capped per file).
+
+    From the pinned snapshot, or from the stdlib folder `root` if given.
+    """
     _, files = pycode_pool.stdlib_split(cfg["stdlib_corpus_fraction"], root)
     docs, total = [], 0
     for rel in files:
         if rel.startswith(SKIP_PACKAGES):
             continue
-        try:
-            text = (root / rel).read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
+        text = pycode_pool.read_source(rel, root)
+        if text is None:
             continue
         text = text[: int(cfg["stdlib_file_chars"])]
         text = text[: text.rfind("\n") + 1] if "\n" in text else text
@@ -246,6 +250,7 @@ def run_corpus(cfg: Mapping[str, Any] | None, out_txt: str | os.PathLike,
                out_summary: str | os.PathLike | None = None) -> dict:
     """Stage `corpus`: write the corpus text file; lines overlapping the excluded files are dropped."""
     c = merge_cfg(cfg)
+    snapshot = stdlib_snapshot.info()  # checked before the expensive work
     excluder = Excluder(exclude_texts(exclude_texts_paths or []), int(c["ngram_n"]),
                         int(c["min_exact_words"]))
     docs, summary = build_corpus(c, excluder, seed)
@@ -253,6 +258,7 @@ def run_corpus(cfg: Mapping[str, Any] | None, out_txt: str | os.PathLike,
         raise InputError("the corpus came out empty; check the corpus config", field="corpus")
     write_text(out_txt, "\n\n\n".join(docs) + "\n")
     summary["excluded_files"] = [str(p) for p in exclude_texts_paths or []]
+    summary["stdlib_snapshot"] = snapshot
     if out_summary is not None:
         write_json(out_summary, summary)
     return summary

@@ -1,4 +1,4 @@
-"""`pycode`: functions with docstrings from the running interpreter's Python stdlib.
+"""`pycode`: functions with docstrings from the (pinned) Python stdlib.
 
 User message = signature + the docstring's first paragraph (as code); assistant = the body
 (everything after the docstring, dedented to one 4-space level, comments kept). Functions
@@ -8,8 +8,11 @@ byte-level BPE. Labels = top-level module name (``email``, ``asyncio``, ...).
 The stdlib files are split once, by a hash of their relative path, into a pycode part and
 a corpus part (`stdlib_split`); `clusterft.corpus` only reads the corpus part, so the base
 model never sees pool or benchmark functions. Test suites, idlelib, site-packages and the
-like are skipped. Files and functions are visited in sorted, deterministic order; the
-result depends on the interpreter's version (it is the interpreter's own stdlib).
+like are skipped. Files and functions are visited in sorted, deterministic order. The files
+come from the stdlib snapshot shipped in the package (`stdlib_snapshot`: CPython 3.11.7's
+stdlib, checked against recorded sha256s before anything is built), not from the running
+interpreter, so the pool does not change with the interpreter's version (the candidate
+functions come out the same on Python 3.10 to 3.13); `root=` reads a stdlib folder instead.
 
 Benchmarks (held-out functions, drawn first, never in the pool):
 - ``pycode_body_mc``: pick the right body for a signature + docstring among 4 short bodies
@@ -37,7 +40,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..prompt import render_prompt
-from . import Built, built_pool, make_record, select_pool, words
+from . import Built, built_pool, make_record, select_pool, stdlib_snapshot, words
 
 DEFAULTS: dict = {
     # Pool size cap (examples); the stdlib has fewer short functions than that at most caps.
@@ -67,13 +70,25 @@ TRIVIAL_BODIES = frozenset({"pass", "...", "raise NotImplementedError",
 
 
 def stdlib_root() -> Path:
-    """The running interpreter's stdlib folder."""
+    """The running interpreter's stdlib folder (what `stdlib_snapshot build` reads)."""
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+def _selected(rel: str) -> bool:
+    """The walk's rules of `stdlib_files` applied to one relative path."""
+    *dirs, name = rel.split("/")
+    return (name.endswith(".py") and not name.startswith("test_")
+            and not any(d in SKIP_DIRS or d.startswith("config-") for d in dirs))
+
+
 def stdlib_files(root: Path | None = None) -> list[str]:
-    """Relative paths of the stdlib's .py files (sorted), skipping tests and tools."""
-    root = Path(root or stdlib_root())
+    """Relative paths of the stdlib's .py files (sorted), skipping tests and tools.
+
+    From the pinned snapshot, or from the stdlib folder `root` if given.
+    """
+    if root is None:
+        return sorted(rel for rel in stdlib_snapshot.texts() if _selected(rel))
+    root = Path(root)
     out = []
     for d, dirs, files in os.walk(root):
         dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith("config-"))
@@ -81,6 +96,16 @@ def stdlib_files(root: Path | None = None) -> list[str]:
             if f.endswith(".py") and not f.startswith("test_"):
                 out.append(os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/"))
     return sorted(out)
+
+
+def read_source(rel: str, root: Path | None = None) -> str | None:
+    """Text of stdlib file `rel` (the snapshot's, or under `root`); None if unreadable."""
+    if root is None:
+        return stdlib_snapshot.texts().get(rel)
+    try:
+        return (Path(root) / rel).read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return None
 
 
 def _to_corpus(rel: str, fraction: float) -> bool:
@@ -154,15 +179,15 @@ def extract_functions(rel: str, src: str, cfg: dict) -> list[dict]:
 
 
 @functools.lru_cache(maxsize=4)
-def _all_functions(root: str, key: tuple) -> tuple[dict, ...]:
+def _all_functions(root: str | None, key: tuple) -> tuple[dict, ...]:
     cfg = dict(key)
-    files, _ = stdlib_split(cfg["corpus_fraction"], Path(root))
+    folder = None if root is None else Path(root)
+    files, _ = stdlib_split(cfg["corpus_fraction"], folder)
     funcs: list[dict] = []
     seen: set[str] = set()
     for rel in files:
-        try:
-            src = (Path(root) / rel).read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
+        src = read_source(rel, folder)
+        if src is None:
             continue
         for f in extract_functions(rel, src, cfg):
             # One function per (docstring + body) and per (signature + docstring): copies
@@ -181,7 +206,7 @@ def functions(cfg: dict, root: Path | None = None) -> list[dict]:
     """All candidate functions of the pycode half, deduplicated (see _all_functions)."""
     keys = ("max_body_chars", "max_doc_chars", "max_chars", "corpus_fraction")
     key = tuple((k, cfg[k]) for k in keys)
-    return [dict(f) for f in _all_functions(str(root or stdlib_root()), key)]
+    return [dict(f) for f in _all_functions(None if root is None else str(root), key)]
 
 
 def rename_params(body: str, mapping: dict[str, str]) -> str | None:
@@ -285,6 +310,9 @@ def _args_mc(held: list[dict], n_items: int, rng: np.random.Generator) -> list[d
 
 def build(cfg: dict, seed: int = 0, root: Path | None = None) -> Built:
     """Hold out benchmark functions first, then build the pool from the rest."""
+    # Checks the snapshot first (an InputError if it was changed), then records it.
+    source = ({"stdlib_snapshot": stdlib_snapshot.info()} if root is None
+              else {"stdlib_folder": str(root)})
     rng = np.random.default_rng([seed, 202])
     funcs = functions(cfg, root)
     n_items = int(cfg["items_per_task"])
@@ -316,5 +344,5 @@ def build(cfg: dict, seed: int = 0, root: Path | None = None) -> Built:
     chosen, dropped = select_pool(cands, items, cfg, int(cfg["n"]))
     dropped["same_body_as_held_out"] = same_body
     return built_pool("pycode", chosen, items, dropped,
-                      extra={"functions": len(funcs), "held_out": size},
+                      extra={"functions": len(funcs), "held_out": size, **source},
                       min_examples=cfg["min_examples"])
