@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import InputError
+from .hardware import cuda_visible, emulated_bf16_message, native_bf16_cpu
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 METHODS = ("full", "random", "cluster")
@@ -40,6 +42,8 @@ def load_config(path: str | Path, validate: bool = True) -> dict:
     if validate:
         validate_schema(cfg, source=str(p))
         check_config(cfg, source=str(p))
+        for msg in config_warnings(cfg, source=str(p)):
+            warnings.warn(msg, stacklevel=2)
     return cfg
 
 
@@ -124,6 +128,47 @@ def tasks_for(cfg: dict, dataset: str) -> list[str]:
     source = spec.get("source", dataset)
     return [t.name for t in TASKS.values()
             if t.dataset == source and (not only or t.name in only)]
+
+
+def emulated_bf16_fields(cfg: dict) -> list[str]:
+    """Config fields that ask for bf16 where this node's CPU would emulate it.
+
+    Empty where the CPU has native bf16 (or its flags are unknown), and for stages that
+    run on a GPU (device cuda, or auto with an NVIDIA driver visible).
+    """
+    if native_bf16_cpu() is not False:
+        return []
+
+    def on_cpu(device: Any) -> bool:
+        device = str(device or "auto")
+        return device == "cpu" or (device == "auto" and not cuda_visible())
+
+    out = []
+    train = cfg.get("train") or {}
+    for name, m in (cfg.get("models") or {}).items():
+        own_pre, own_train = m.get("pretrain") or {}, m.get("train") or {}
+        if own_pre.get("precision") == "bf16" and on_cpu("auto"):
+            out.append(f"models.{name}.pretrain.precision")
+        prec = own_train.get("precision", train.get("precision"))
+        if prec == "bf16" and on_cpu(own_train.get("device", train.get("device"))):
+            out.append(f"models.{name}.train.precision" if "precision" in own_train
+                       else "train.precision")
+    ev = cfg.get("evaluate") or {}
+    if ev.get("dtype") == "bfloat16" and on_cpu(ev.get("device")):
+        out.append("evaluate.dtype")
+    return list(dict.fromkeys(out))
+
+
+def config_warnings(cfg: dict, source: str = "config") -> list[str]:
+    """What is allowed but likely unwanted, each naming the file, line and field: bf16 on a
+    CPU that emulates it (the run is right, only slow; and a config may be checked on a
+    login node for jobs that run elsewhere, so this is not an error)."""
+    out = []
+    for field in emulated_bf16_fields(cfg):
+        line = yaml_line(source, field)
+        at = f"{source}" + (f", line {line}" if line else "")
+        out.append(f"{at}: {emulated_bf16_message(field)}")
+    return out
 
 
 def check_config(cfg: dict, source: str = "config") -> None:

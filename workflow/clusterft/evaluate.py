@@ -352,6 +352,61 @@ def check_context_lengths(model_dir: str, specs: list[dict[str, Any]], cfg: Mapp
     return over
 
 
+PACED_MODEL = "clusterft-hf"
+
+
+def _register_paced_model() -> str:
+    """Register lm-eval's ``hf`` model with pace lines in the log (`clusterft.pace`).
+
+    The subclass only counts the rows of each model call (same batches, same results as
+    ``hf``). The total is the number of requests: multiple-choice requests that share a
+    context and a one-token continuation are computed once, so such a run finishes before
+    the expected time, never after it.
+    """
+    from lm_eval.api.registry import MODEL_REGISTRY, register_model
+    from lm_eval.models.huggingface import HFLM
+
+    if PACED_MODEL in MODEL_REGISTRY:
+        return PACED_MODEL
+    from .pace import Pace
+
+    class PacedHFLM(HFLM):
+        _pace: Pace | None = None
+
+        def _paced(self, requests, what, run):
+            self._pace = Pace(len(requests), f"evaluate {what}", unit="request", bar=False)
+            try:
+                return run()
+            finally:
+                self._pace.close()
+                self._pace = None
+
+        def _tick(self, rows: int) -> None:
+            if self._pace is not None:
+                self._pace.update(rows)
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            return self._paced(requests, "loglikelihood",
+                               lambda: super(PacedHFLM, self).loglikelihood(requests, disable_tqdm))
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return self._paced(requests, "generate_until",
+                               lambda: super(PacedHFLM, self).generate_until(requests, disable_tqdm))
+
+        def _model_call(self, inps, attn_mask=None, labels=None):
+            out = super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+            self._tick(int(inps.shape[0]))
+            return out
+
+        def _model_generate(self, context, max_length, stop, **generation_kwargs):
+            out = super()._model_generate(context, max_length, stop, **generation_kwargs)
+            self._tick(int(context.shape[0]))
+            return out
+
+    register_model(PACED_MODEL)(PacedHFLM)
+    return PACED_MODEL
+
+
 def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
                  bench_dir: str | os.PathLike | list[str | os.PathLike],
                  cfg: Mapping[str, Any] | None, out_json: str | os.PathLike,
@@ -402,7 +457,7 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
     tm = TaskManager(include_path=str(Path(tasks_dir).resolve()), include_defaults=bool(builtin))
     with _light_env_info(bool(cfg["collect_env_info"])):
         raw = lm_eval.simple_evaluate(
-            model="hf", model_args=model_args, tasks=[s["name"] for s in specs] + builtin, task_manager=tm,
+            model=_register_paced_model(), model_args=model_args, tasks=[s["name"] for s in specs] + builtin, task_manager=tm,
             batch_size=int(cfg["batch_size"]), device=_resolve_device(cfg["device"]),
             limit=cfg["limit"], log_samples=False, bootstrap_iters=int(cfg["bootstrap_iters"]),
             random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,

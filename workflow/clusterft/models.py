@@ -11,11 +11,13 @@ import os
 import random
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
+from . import hardware
 from .errors import InputError
 from .io import atomic_path, set_offline_env, write_json
 
@@ -58,9 +60,9 @@ DEFAULTS: dict = {
         # Torch intra-op threads (0 = leave torch's default).
         "num_threads": 0,
         # auto | bf16 | fp32: bf16 autocasts matmuls (weights and optimiser stay float32);
-        # auto = bf16 on a CUDA GPU with bf16, fp32 elsewhere (on CPUs it pays off only for
-        # some models, see clusterft.models.resolve_precision). The precision used goes to
-        # pretrain_metrics.json.
+        # auto = bf16 on a CUDA GPU with bf16, fp32 on every CPU (CPUs without native bf16
+        # emulate it, much slower: clusterft.models.resolve_precision). The precision used
+        # goes to pretrain_metrics.json.
         "precision": "auto",
         # Fraction of blocks held out to report a validation loss (0 disables).
         "val_fraction": 0.02,
@@ -270,13 +272,17 @@ PRECISIONS = ("auto", "bf16", "fp32")
 
 def native_bf16(device) -> bool:
     """Whether ``device`` computes bfloat16 matmuls natively (CUDA with bf16, or a CPU with
-    AVX512-BF16 or AMX); elsewhere bf16 autocast is emulated and slower than fp32."""
+    AVX512-BF16 or AMX, not capped below them: `clusterft.hardware`); elsewhere bf16
+    autocast is emulated and slower than fp32."""
     import torch
 
     device = torch.device(device)
     if device.type == "cuda":
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     if device.type == "cpu":
+        known = hardware.native_bf16_cpu()
+        if known is not None:
+            return known
         probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
         return any(bool(getattr(torch.cpu, f, lambda: False)()) for f in probes)
     return False
@@ -287,27 +293,29 @@ def resolve_precision(precision: str, device, field: str = "precision") -> str:
 
     ``bf16`` means autocast: matmuls run in bfloat16 while the weights, the optimiser state
     and the loss stay float32 (the usual mixed-precision recipe). ``auto`` keeps fp32 on
-    CPUs even with native bf16 (AVX512-BF16), where the gain depends on the model: oneDNN
-    builds its bf16 kernels per matrix shape, so a training run whose batches keep changing
-    shape gained little (large embedded model: 3%) or lost (small model: 2x slower) until
-    batches were padded to a multiple of 16 tokens (``train.pad_to_multiple_of``); then the
-    large model's step was 17-24% faster than fp32, the small one's still slower. Choose
-    ``bf16`` explicitly where it pays (config/config.yaml does for the large model).
+    every CPU: emulated bf16 (CPUs without AVX512-BF16/AMX) is about 10x slower than fp32,
+    native bf16 pays off only for some shapes (oneDNN builds its kernels per matrix shape),
+    and a default whose numbers depend on the CPU's instruction set would not reproduce
+    across machines. An explicit ``bf16`` on a CPU that emulates it warns (on stderr, so in
+    the rule's log) and runs as asked.
     """
     if precision not in PRECISIONS:
         raise InputError(f"unknown precision '{precision}' ({'|'.join(PRECISIONS)})", field=field)
-    if precision == "auto":
-        import torch
+    import torch
 
-        device = torch.device(device)
+    device = torch.device(device)
+    if precision == "auto":
         return "bf16" if device.type == "cuda" and native_bf16(device) else "fp32"
+    if precision == "bf16" and device.type == "cpu" and not native_bf16(device):
+        warnings.warn(hardware.emulated_bf16_message(field), stacklevel=2)
     return precision
 
 
 def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -> dict:
     """Briefly pretrain ``model`` in place as a causal LM on packed blocks; return metrics."""
     import torch
-    from tqdm import tqdm
+
+    from .pace import Pace
 
     cfg = {**DEFAULTS["pretrain"], **(cfg or {})}
     if cfg["num_threads"]:
@@ -337,7 +345,8 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -
     t0 = time.perf_counter()
     order = rng.permutation(len(train))
     pos = 0
-    for _step in tqdm(range(steps), desc="pretrain", disable=steps < 2, mininterval=2.0):
+    pace = Pace(steps, f"pretrain ({precision})", disable=steps < 2)
+    for _step in range(steps):
         if pos + bs > len(order):
             order, pos = rng.permutation(len(train)), 0
         idx = torch.from_numpy(order[pos:pos + bs]) if bs <= len(order) else torch.from_numpy(order)
@@ -352,6 +361,8 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -
         sched.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(out.loss.detach()))
+        pace.update()
+    pace.close()
     seconds = time.perf_counter() - t0
     model.eval()
     val_loss = None
@@ -366,7 +377,7 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -
             "first_loss": losses[0] if losses else None,
             "final_loss": float(np.mean(losses[-k:])) if losses else None,
             "val_loss": val_loss, "loss_curve": [round(x, 4) for x in losses[::k]],
-            "precision": precision}
+            "precision": precision, "hardware": hardware.describe()}
 
 
 def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, size_cfg: dict,

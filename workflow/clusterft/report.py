@@ -41,6 +41,11 @@ DEFAULTS: dict[str, Any] = {
     "balanced_distribution": "balanced",
     # Distribution name of the random (DistributedSampler-like) split (time claim).
     "random_distribution": "random",
+    # Smallest standard error attached to a mean average accuracy, whatever the seeds show:
+    # the same run on another CPU (other float kernels) gives another model, and with few
+    # seeds the seed standard error can come out near zero by chance. Set from the spread
+    # measured between two CPU paths of the embedded default (README, "Reproducibility").
+    "min_se": 0.01,
     # Resolution of the PNG plots.
     "dpi": 110,
 }
@@ -150,6 +155,8 @@ def load_runs(runs: Iterable[Mapping[str, Any]], cfg: Mapping[str, Any] | None =
             row["steps"] = float(m["steps"])
             row["epochs"] = str(int(m["epochs"])) if not _blank(m.get("epochs")) else "-"
             row["imbalance"] = imbalance(m.get("per_rank_tokens_per_step"))
+            row["precision"] = str(m.get("precision") or "-")
+            row["cpu"] = str((m.get("hardware") or {}).get("cpu") or "-")
         rows.append(row)
     if not rows:
         raise InputError("no run records", field="runs")
@@ -157,6 +164,8 @@ def load_runs(runs: Iterable[Mapping[str, Any]], cfg: Mapping[str, Any] | None =
     for c in ("average", "wall_time_s", "tokens", "steps", "imbalance"):
         if c not in df:
             df[c] = np.nan
+    for c in ("precision", "cpu"):
+        df[c] = df[c].fillna("-") if c in df else "-"
     return df, tasks
 
 
@@ -199,21 +208,28 @@ def accuracy_table(df: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any] | 
     for t in tasks:
         if f"n:{t}" in ev:
             out[f"{t}_n"] = ev.groupby(keys, dropna=False)[f"n:{t}"].max()
+    seed_se = out["average_std"] / np.sqrt(out["n_seeds"])
+    out["average_se"] = np.fmax(seed_se.where(out["n_seeds"] >= 2), float(cfg["min_se"]))
+    # Every precision the group's runs trained in: a mix shows as "bf16+fp32", never silently.
+    out["precision"] = ev.groupby(keys, dropna=False)["precision"].agg(
+        lambda p: "+".join(sorted(set(p))))
     return _sort(out.reset_index(), KEY_ACC, cfg)
 
 
 def time_table(df: pd.DataFrame, cfg: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """dataset x model x gpus x distribution x method x budget x epochs: train time, tokens,
-    imbalance, and the ratio to the full-data run with the same GPUs, distribution and epochs
-    (runs of other epoch counts are never each other's reference)."""
+    """dataset x model x gpus x distribution x method x budget x epochs x precision: train
+    time, tokens, imbalance, and the ratio to the full-data run with the same GPUs,
+    distribution, epochs and precision (runs of other epoch counts or precisions are never
+    each other's reference)."""
     cfg = {**DEFAULTS, **(cfg or {})}
     tr = df[df["wall_time_s"].notna()].copy()
     if tr.empty:
-        return pd.DataFrame(columns=KEY_TIME + ["fraction", "epochs", "n_seeds", "wall_time_s_mean"])
+        return pd.DataFrame(columns=KEY_TIME + ["fraction", "epochs", "precision", "n_seeds",
+                                               "wall_time_s_mean"])
     tr["gpus"] = tr["gpus"].fillna(1).astype(int)
     tr["distribution"] = tr["distribution"].fillna("-")
     tr["epochs"] = tr["epochs"].fillna("-") if "epochs" in tr else "-"
-    g = tr.groupby(KEY_TIME + ["fraction", "epochs"], dropna=False)
+    g = tr.groupby(KEY_TIME + ["fraction", "epochs", "precision"], dropna=False)
     out = pd.DataFrame({
         "n_seeds": g["seed"].nunique(),
         "wall_time_s_mean": g["wall_time_s"].mean(),
@@ -222,7 +238,7 @@ def time_table(df: pd.DataFrame, cfg: Mapping[str, Any] | None = None) -> pd.Dat
         "steps_mean": g["steps"].mean(),
         "imbalance_mean": g["imbalance"].mean(),
     }).reset_index()
-    ref_keys = ["dataset", "model", "gpus", "distribution", "epochs"]
+    ref_keys = ["dataset", "model", "gpus", "distribution", "epochs", "precision"]
     full = out[out["method"] == cfg["full_method"]].groupby(ref_keys)["wall_time_s_mean"].mean()
     full = full.rename("_full").reset_index()
     out = out.merge(full, on=ref_keys, how="left")
@@ -258,19 +274,24 @@ def _pm(mean: Any, std: Any, digits: int = 3) -> str:
 
 
 def accuracy_markdown(acc: pd.DataFrame, tasks: list[str]) -> str:
-    """Accuracy table with mean ± std cells."""
+    """Accuracy table with mean ± std cells, the standard error the verdicts use for the
+    average, and the training precision."""
     view = acc[["dataset", "model", "method", "fraction", "n_seeds"]].copy()
     view["fraction"] = view["fraction"].map(lambda f: f"{f:.0%}")
     for name in ["average"] + tasks:
         if f"{name}_mean" in acc:
             view[name] = [_pm(m, s) for m, s in zip(acc[f"{name}_mean"], acc[f"{name}_std"])]
+        if name == "average" and "average_se" in acc:
+            view["average_se"] = acc["average_se"]
+    if "precision" in acc:
+        view["precision"] = acc["precision"]
     return to_markdown(view)
 
 
 def time_markdown(tt: pd.DataFrame) -> str:
     """Time table: wall time mean ± std, tokens, steps, ratio to full, imbalance."""
     view = tt[["dataset", "model", "gpus", "distribution", "method", "fraction", "epochs",
-               "n_seeds"]].copy()
+               "precision", "n_seeds"]].copy()
     view["fraction"] = view["fraction"].map(lambda f: f"{f:.0%}")
     view["wall_time_s"] = [_pm(m, s, 1)
                            for m, s in zip(tt["wall_time_s_mean"], tt["wall_time_s_std"])]
@@ -392,8 +413,8 @@ def _ms(r: pd.Series, col: str = "average") -> str:
 
 
 def _se(r: pd.Series) -> float:
-    s, n = r["average_std"], r["n_seeds"]
-    return float(s) / math.sqrt(n) if n >= 2 and not math.isnan(s) else float("nan")
+    """The row's standard error of the mean average: seed SE, at least report.min_se."""
+    return float(r["average_se"])
 
 
 def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
@@ -468,7 +489,7 @@ def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
     # 4. balanced vs random distribution
     head = "**Balanced distribution faster than random distribution**: "
     bal, rd = cfg["balanced_distribution"], cfg["random_distribution"]
-    keys = ["gpus", "method", "fraction", "epochs"]
+    keys = ["gpus", "method", "fraction", "epochs", "precision"]
     tb = t[t["distribution"] == bal].set_index(keys)
     tr = t[t["distribution"] == rd].set_index(keys)
     common = tb.index.intersection(tr.index)
@@ -539,16 +560,35 @@ def learnability_lines(acc: pd.DataFrame, tasks: list[str], cfg: Mapping[str, An
     return lines + [""]
 
 
+def conditions_lines(df: pd.DataFrame) -> list[str]:
+    """Findings section: the precisions and CPUs the training runs used (times depend on
+    both; a table that mixes precisions says so in its precision column)."""
+    tr = df[df["wall_time_s"].notna()]
+    if tr.empty:
+        return []
+    lines = ["## Run conditions", ""]
+    for col, what in (("precision", "Training precision"), ("cpu", "CPU of the training runs")):
+        counts = tr[col].value_counts()
+        lines.append(f"- {what}: " + ", ".join(f"{k} ({v} runs)" for k, v in counts.items())
+                     + ("" if len(counts) == 1 else " — mixed: compare rows of one kind only")
+                     + ".")
+    return lines + [""]
+
+
 def findings_text(acc: pd.DataFrame, tt: pd.DataFrame, cfg: Mapping[str, Any] | None = None,
-                  tasks: list[str] | None = None) -> str:
+                  tasks: list[str] | None = None,
+                  df_conditions: pd.DataFrame | None = None) -> str:
     """The whole findings.md: per dataset and model, what the numbers say about each claim."""
     cfg = {**DEFAULTS, **(cfg or {})}
     lines = ["# Findings", "",
              "Generated from the result files by `clusterft.report`; each verdict applies a "
              "fixed rule to the numbers below (near full: full − cluster ≤ "
              f"{cfg['near_full_tolerance']:.3f} average accuracy; cluster > random: difference "
-             "beyond 2 standard errors over seeds; time: ratio < 1). Small models and few seeds: "
-             "read the numbers, not only the verdicts.", ""]
+             "beyond 2 standard errors, each the seed standard error but at least "
+             f"{float(cfg['min_se']):.3f} (`report.min_se`, the spread between CPUs); time: "
+             "ratio < 1). Small models and few seeds: read the numbers, not only the verdicts.",
+             ""]
+    lines += conditions_lines(df_conditions) if df_conditions is not None else []
     lines += learnability_lines(acc, tasks or [], cfg)
     pairs = pd.concat([acc[["dataset", "model"]], tt[["dataset", "model"]]]).drop_duplicates()
     for ds, model in pairs.itertuples(index=False):
@@ -585,7 +625,7 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
     table("accuracy_vs_data", acc,
           accuracy_markdown(acc, tasks) if len(acc) else "(no evaluations)\n")
     table("time", tt, time_markdown(tt) if len(tt) else "(no training runs)\n")
-    write_text(tdir / "findings.md", findings_text(acc, tt, cfg, tasks))
+    write_text(tdir / "findings.md", findings_text(acc, tt, cfg, tasks, df))
     written["tables"].append(str(tdir / "findings.md"))
     for ds in dict.fromkeys(df["dataset"]):
         p = pdir / f"accuracy_vs_data_{ds}.png"

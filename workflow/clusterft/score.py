@@ -184,8 +184,8 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
     ``exp_avg_sq``; None when no step ran).
     """
     import torch
-    from tqdm import tqdm
 
+    from .pace import Pace
     from .tokenize import collate
 
     cfg = merge_cfg(cfg)
@@ -210,7 +210,8 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
     model.train()
     with torch.random.fork_rng(devices=[]):  # lora dropout draws from the global RNG
         torch.manual_seed(seed)
-        for _ in tqdm(range(steps), desc="score warm-up", mininterval=2.0, disable=steps < 2):
+        pace = Pace(steps, "score warm-up", disable=steps < 2)
+        for _ in range(steps):
             if pos >= len(order):  # next epoch (the last batch of one may be short)
                 order, pos = rng.permutation(subset), 0
             batch = collate([encoded[i] for i in order[pos:pos + bs]], pad_id)
@@ -222,6 +223,8 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
             sched.step()
             opt.zero_grad(set_to_none=True)
             out["warmup_losses"].append(round(float(loss.detach()), 5))
+            pace.update()
+        pace.close()
     model.eval()
     if cfg["gradient_type"] == "adam":
         st = [opt.state[p] for _, p in params]
@@ -471,8 +474,7 @@ def compute_features_info(model, tokenizer, examples: Sequence[dict], cfg: dict 
 
 def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
              seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    from tqdm import tqdm
-
+    from .pace import Pace
     from .tokenize import collate, encode_example
 
     device = _device(str(cfg["device"]))
@@ -515,8 +517,10 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
         bs = int(cfg["batch_size"])
         projected = np.zeros((len(encoded), int(cfg["dim"])), dtype=np.float32)
         norms = np.zeros(len(encoded), dtype=np.float32)
-        for lo in tqdm(range(0, len(order), bs), desc="score gradients", mininterval=2.0,
-                       disable=len(order) <= bs):
+        # Batches go shortest first, so the expected finish of the first pace lines is early.
+        pace = Pace(math.ceil(len(order) / bs), "score gradients", unit="batch",
+                    disable=len(order) <= bs)
+        for lo in range(0, len(order), bs):
             idx = order[lo:lo + bs]
             batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
             g = per_example_grads(pmodel, batch, cfg["method"])
@@ -524,6 +528,8 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
                 g = adam_direction(g, info["exp_avg"], info["exp_avg_sq"])
             norms[idx] = g.norm(dim=1).cpu().numpy()
             projected[idx] = proj(g).cpu().numpy()
+            pace.update()
+        pace.close()
     finally:
         if pmodel is not None:
             pmodel.unload()  # remove the adapters: the caller's model is left as it was

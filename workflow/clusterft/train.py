@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import hardware
 from .config import merge_section
 from .errors import InputError
 from .io import atomic_path, read_jsonl, set_offline_env, write_json
@@ -82,13 +83,12 @@ DEFAULTS: dict = {
     # A GPU, where a small group wastes the device, wants a larger cost than a CPU.
     "group_cost_tokens": 256,
     # Pad each micro-batch to a multiple of this many tokens (1 = to its longest). Fewer
-    # distinct shapes: oneDNN's bf16 kernels on CPU are built per shape, and with 16 the
-    # large embedded model's bf16 step was 17-24% faster than fp32 (without: 3%); GPUs
-    # like multiples of 8.
+    # distinct shapes: oneDNN's bf16 kernels on CPU are built per shape, and GPUs like
+    # multiples of 8.
     "pad_to_multiple_of": 1,
     # auto | bf16 | fp32: bf16 autocasts matmuls to bfloat16 (weights, optimiser and loss stay
-    # float32); auto = bf16 on a CUDA GPU with bf16, fp32 elsewhere (on CPU ranks it pays off
-    # only for some models, with pad_to_multiple_of: clusterft.models.resolve_precision).
+    # float32); auto = bf16 on a CUDA GPU with bf16, fp32 on every CPU (CPUs without native
+    # bf16 emulate it, much slower: clusterft.models.resolve_precision).
     # train_metrics.json records the precision.
     "precision": "auto",
     # Apply the LM head only where a next token has a label (the response), for
@@ -470,7 +470,8 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     """Fine-tune ``model`` in place on ``examples``; returns the metrics (same on every rank)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from tqdm import tqdm
+
+    from .pace import Pace
 
     bs = rank_batch_size(cfg, d.world_size)
     lengths = np.asarray([e["length"] for e in examples], dtype=np.int64)
@@ -519,8 +520,8 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     clip = float(cfg["grad_clip"])
     stopped_early = False
     ddp.train()
-    bar = tqdm(total=total_steps, initial=step, desc=f"train x{d.world_size}",
-               disable=d.rank != 0, mininterval=1.0, file=sys.stderr)
+    bar = Pace(total_steps, f"train x{d.world_size} ({precision})", initial=step,
+               disable=d.rank != 0, mininterval=1.0)
     t_loop = time.perf_counter()
     for epoch in range(start_epoch, epochs):
         batches = epoch_batches(sampler, epoch, bs)
@@ -590,6 +591,7 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     metrics = summarize(acc, cfg, d, distribution, examples, steps_per_epoch, epochs, step,
                         resumed_from, stopped_early)
     metrics["precision"] = precision
+    metrics["hardware"] = hardware.describe()
     return metrics
 
 

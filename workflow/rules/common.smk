@@ -24,7 +24,13 @@ os.environ.update(
 if PKG_DIR not in sys.path:
     sys.path.insert(0, PKG_DIR)
 
-from clusterft.config import check_config, tasks_for, budget_label, validate_schema
+from clusterft.config import (
+    budget_label,
+    check_config,
+    config_warnings,
+    tasks_for,
+    validate_schema,
+)
 
 # Errors name the config file, the line and the field (the last --configfile, which sets
 # most keys; config/config.yaml when none is given).
@@ -34,6 +40,8 @@ CONFIG_SOURCE = str(
 validate_schema(config, source=CONFIG_SOURCE)
 validate(config, schema="../schemas/config.schema.yaml")  # fills the schema's defaults
 check_config(config, source=CONFIG_SOURCE)
+for _msg in config_warnings(config, source=CONFIG_SOURCE):
+    print(f"Warning: {_msg}", file=sys.stderr)
 
 ENV = "../../envs/clusterft.yaml"
 DATASETS = list(config["datasets"])
