@@ -25,8 +25,10 @@ def _eval(path: Path, values: dict[str, float]) -> str:
     return str(path)
 
 
-def _train(path: Path, wall: float, tokens: int, steps: int, per_rank: list, epochs: int = 3) -> str:
+def _train(path: Path, wall: float, tokens: int, steps: int, per_rank: list, epochs: int = 3,
+           precision: str = "fp32", cpu: str = "Test CPU") -> str:
     path.write_text(json.dumps({"wall_time_s": wall, "steps": steps, "epochs": epochs, "tokens": tokens,
+                                "precision": precision, "hardware": {"cpu": cpu},
                                 "examples": 100, "world_size": len(per_rank[0]),
                                 "distribution": "balanced", "per_rank_tokens_per_step": per_rank,
                                 "final_loss": 1.0, "loss_curve": [2.0, 1.0]}))
@@ -236,3 +238,51 @@ def test_findings_count_tasks_where_full_clearly_beats_base(tmp_path):
     df, tasks = load_runs(runs)
     text = findings_text(accuracy_table(df, tasks), time_table(df), tasks=tasks)
     assert "- **small**: 2 of 2 tasks." in text
+
+
+def test_standard_error_is_at_least_min_se(tmp_path):
+    """The verdicts' standard error is the seed SE, never below report.min_se (the spread
+    between CPUs): two seeds that agree by chance do not make a difference significant."""
+    same = {"full@1.0": (0.60, 0.40), "random@0.31": (0.45, 0.20), "cluster@0.31": (0.49, 0.23)}
+    runs = make_runs(tmp_path, same)
+    df, tasks = load_runs(runs)
+    acc = accuracy_table(df, tasks, {"min_se": 0.0})
+    r = acc[acc["method"] == "cluster"].iloc[0]
+    assert r["average_se"] == pytest.approx(r["average_std"] / math.sqrt(2))  # seed SE ~0.014
+    loose = findings_text(acc, time_table(df), {"min_se": 0.0})
+    assert "reproduced (difference beyond" in loose.split("Cluster > random")[1].splitlines()[0]
+    acc2 = accuracy_table(df, tasks, {"min_se": 0.02})
+    assert (acc2["average_se"] >= 0.02).all()
+    strict = findings_text(acc2, time_table(df), {"min_se": 0.02})
+    beat = strict.split("Cluster > random")[1].splitlines()[0]
+    assert "within seed noise (2 standard errors = 0.057)" in beat, beat
+    assert "at least 0.020 (`report.min_se`" in strict
+    one = accuracy_table(load_runs(make_runs(tmp_path, same, seeds=(0,)))[0], tasks)
+    assert (one["average_se"] == DEFAULTS["min_se"]).all()  # one seed: the floor alone
+
+
+def test_precision_shown_and_never_mixed_silently(tmp_path):
+    runs = make_runs(tmp_path, GOOD)
+    df, tasks = load_runs(runs)
+    acc = accuracy_table(df, tasks)
+    assert set(acc.loc[acc["method"] != "base", "precision"]) == {"fp32"}
+    assert "| precision |" in __import__("clusterft.report", fromlist=["x"]).accuracy_markdown(
+        acc, tasks).splitlines()[0]
+    # one seed of cluster 31% trained in bf16: its row says so, the time table splits it
+    rec = next(r for r in runs if r["method"] == "cluster" and r["seed"] == 1
+               and r["budget"] == 0.31 and r["eval_json"])
+    rec["train_metrics_json"] = _train(tmp_path / "tm_bf16.json", 31.0, 310, 10, [[10, 30]],
+                                       precision="bf16", cpu="Other CPU")
+    df, tasks = load_runs(runs)
+    acc = accuracy_table(df, tasks)
+    r = acc[(acc["method"] == "cluster") & (acc["fraction"] == 0.31)].iloc[0]
+    assert r["precision"] == "bf16+fp32"
+    tt = time_table(df)
+    sel = tt[(tt["method"] == "cluster") & (tt["gpus"] == 2) & (tt["distribution"] == "balanced")
+             & np.isclose(tt["fraction"], 0.31)]
+    assert sorted(sel["precision"]) == ["bf16", "fp32"]
+    assert sel.loc[sel["precision"] == "bf16", "ratio_to_full"].isna().all()  # no bf16 full run
+    text = findings_text(acc, tt, None, tasks, df)
+    cond = text.split("## Run conditions")[1].split("##")[0]
+    assert "Training precision: fp32" in cond and "bf16 (1 runs)" in cond and "mixed" in cond
+    assert "Other CPU (1 runs)" in cond
