@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import lzma
+import os
 import platform
 import sys
 import sysconfig
@@ -165,3 +166,45 @@ def test_rebuild_reproduces_the_manifest(tmp_path):
     assert snap.load(archive, manifest, sha) == snap.texts()
     with pytest.raises(InputError, match="not a Python stdlib folder"):
         snap.build(tmp_path / "nowhere", tmp_path / "out")
+
+
+# The candidate pycode functions and the corpus's stdlib/topics documents, hashed; run by
+# other interpreters with stand-ins for the packages this step imports but does not use.
+_DIGEST = """
+import hashlib, json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+from clusterft.pools import pycode
+from clusterft import corpus
+fs = pycode.functions(pycode.DEFAULTS)
+docs = [corpus.stdlib_docs(corpus.DEFAULTS), corpus.topics_docs(corpus.DEFAULTS["topics_chars"])]
+print(hashlib.sha256(json.dumps([fs, docs], sort_keys=True).encode()).hexdigest())
+"""
+_STUBS = {"numpy/__init__.py": "random = None\nndarray = object\n",
+          "tqdm/__init__.py": "def tqdm(x=None, *a, **k):\n    return x\n",
+          "yaml/__init__.py": ""}
+
+
+def _other_pythons() -> list[Path]:
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(root.glob("3.1[0-9]*/bin/python")) if root.is_dir() else []
+    return [p for p in found if not p.parent.parent.name.startswith(platform.python_version())]
+
+
+@pytest.mark.skipif(not _other_pythons(), reason="no other Python 3.10+ interpreter installed")
+def test_pool_and_corpus_inputs_are_the_same_on_other_pythons(tmp_path):
+    """The README allows Python 3.10+: the pinned snapshot gives every interpreter the same
+    pool functions and corpus documents (the parsing still runs on the interpreter's ast)."""
+    import subprocess
+
+    for rel, text in _STUBS.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    pkg = str(Path(pycode.__file__).resolve().parents[2])
+    here = subprocess.run([sys.executable, "-c", _DIGEST, str(tmp_path / "none"), pkg],
+                          capture_output=True, text=True, timeout=300)
+    assert here.returncode == 0, here.stderr[-2000:]
+    for py in _other_pythons():
+        out = subprocess.run([str(py), "-I", "-c", _DIGEST, str(tmp_path), pkg],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, f"{py}: {out.stderr[-2000:]}"
+        assert out.stdout == here.stdout, f"{py} builds other pool/corpus inputs"
