@@ -5,6 +5,7 @@ for generation)."""
 from __future__ import annotations
 
 import json
+import re
 import os
 from pathlib import Path
 
@@ -230,3 +231,26 @@ def test_unsafe_code_needs_confirmation(tmp_path, model_dir):
     assert yaml.safe_load(Path(path).read_text())["unsafe_code"] is True
     with pytest.raises(InputError, match="confirm_run_unsafe_code"):
         run_evaluate(model_dir, [spec], bench, {}, tmp_path / "r.json", tmp_path / "t")
+
+
+def test_paced_model_gives_hf_results_and_logs_its_pace(tmp_path, random_model_dir, monkeypatch,
+                                                         capfd):
+    """clusterft-hf (lm-eval's hf with pace lines) scores exactly as lm-eval's own hf, and
+    writes a pace line per request type to stderr (the rule's log)."""
+    from clusterft import evaluate
+
+    bench = tmp_path / "bench"
+    _write_bench(bench, _load(random_model_dir))
+    cfg = {"batch_size": 2, "max_gen_toks": MAX_GEN, "num_threads": 1}
+    paced = run_evaluate(random_model_dir, ["mc_task", "gen_task"], bench, cfg,
+                         tmp_path / "a" / "results.json", tmp_path / "ta", seed=0)
+    err = capfd.readouterr().err
+    assert re.search(r"pace evaluate loglikelihood: request \d+/\d+, [\d.e-]+ s/request", err), err
+    assert re.search(r"pace evaluate generate_until: \d+ requests in", err), err
+    raw = json.loads((tmp_path / "a" / "results.lm_eval.json").read_text())
+    assert raw["config"]["model"] == evaluate.PACED_MODEL
+    monkeypatch.setattr(evaluate, "_register_paced_model", lambda: "hf")
+    plain = run_evaluate(random_model_dir, ["mc_task", "gen_task"], bench, cfg,
+                         tmp_path / "b" / "results.json", tmp_path / "tb", seed=0)
+    assert "pace evaluate" not in capfd.readouterr().err
+    assert paced["tasks"] == plain["tasks"] and paced["average"] == plain["average"]

@@ -4,66 +4,94 @@ from __future__ import annotations
 
 import io
 import re
-import time
+
+import pytest
 
 from clusterft.pace import Pace
 
-LINE = re.compile(r"pace demo: step (\d+)/(\d+), ([\d.e-]+) s/step \(mean of steps (\d+)-(\d+)\); "
-                  r"(\d+) left, expected finish \d\d:\d\d:\d\d UTC \(in [\d.]+ (s|min|h)\)")
+LINE = re.compile(r"pace demo: (step|batch) (\d+)/(\d+), ([\d.e-]+) s/(?:step|batch) "
+                  r"\(mean of (?:steps|batches) (\d+)-(\d+)\); (\d+) left, expected finish "
+                  r"\d\d:\d\d:\d\d UTC \(in ([\d.]+) (s|min|h)\)")
 
 
-def _run(total: int, sleep: float, **kw) -> list[str]:
-    out = io.StringIO()
-    p = Pace(total, "demo", file=out, bar=False, **kw)
-    for _ in range(total):
-        time.sleep(sleep)
+class Clock:
+    """A fake perf_counter: each step takes `dt` seconds; the first step `first` seconds."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _run(total: int, dt: float = 0.5, first_cost: float = 30.0, initial: int = 0, **kw):
+    out, clock = io.StringIO(), Clock()
+    p = Pace(total, "demo", file=out, bar=False, clock=clock, initial=initial, **kw)
+    for i in range(initial, total):
+        clock.t += first_cost if i == initial else dt
         p.update()
     p.close()
     return out.getvalue().splitlines()
 
 
 def test_first_line_after_the_first_steps_then_milestones_then_a_summary():
-    lines = _run(20, 0.02, first=5, reports=4)
+    lines = _run(20, first=5, reports=4)
     pace = [LINE.search(x) for x in lines[:-1]]
     assert all(pace), lines
-    steps = [int(m.group(1)) for m in pace]
     # step 1 is untimed; 5 timed steps later (step 6) the first estimate; then 10 and 15
-    assert steps == [6, 10, 15], steps
+    assert [int(m.group(2)) for m in pace] == [6, 10, 15]
     first = pace[0]
-    assert (int(first.group(4)), int(first.group(5))) == (2, 6)
-    assert int(first.group(6)) == 14
-    rate = float(first.group(3))
-    assert 0.015 < rate < 0.2  # the sleeps, not the first step's cost
-    assert re.search(r"pace demo: 20 steps in \d+ s, [\d.e-]+ s/step after the first", lines[-1])
+    assert (int(first.group(5)), int(first.group(6))) == (2, 6)
+    assert float(first.group(4)) == pytest.approx(0.5)  # the steps, not the first step's 30 s
+    assert int(first.group(7)) == 14 and first.group(8) == "7" and first.group(9) == "s"
+    assert re.search(r"pace demo: 20 steps in 40 s, 0.5 s/step after the first", lines[-1])
 
 
 def test_expected_finish_counts_the_steps_left():
-    out = io.StringIO()
-    p = Pace(1000, "demo", file=out, bar=False, first=2)
+    out, clock = io.StringIO(), Clock()
+    p = Pace(1000, "demo", file=out, bar=False, first=2, clock=clock)
     for _ in range(3):
-        time.sleep(0.05)
+        clock.t += 0.3
         p.update()
     m = LINE.search(out.getvalue())
-    assert m and int(m.group(6)) == 997
-    # ~0.05 s/step x 997 steps left: about 50 s
-    assert re.search(r"\(in (4\d|5\d|6\d) s\)", out.getvalue()), out.getvalue()
+    assert m and int(m.group(7)) == 997
+    assert m.group(8) == "5.0" and m.group(9) == "min"  # 997 x 0.3 s = 299 s
 
 
-def test_short_loops_still_log_and_resumed_loops_count_from_their_start():
-    lines = _run(4, 0.01, first=5)
-    assert any(LINE.search(x) for x in lines), lines  # a third of the way: after step 2
-    out = io.StringIO()
-    p = Pace(10, "demo", initial=6, file=out, bar=False)
-    for _ in range(4):
-        p.update()
-    p.close()
-    assert "demo: 4 steps in" in out.getvalue()
+def test_resumed_loops_count_from_their_start_and_plural_units():
+    lines = _run(10, initial=6, unit="batch", units="batches")
+    m = next(LINE.search(x) for x in lines if LINE.search(x))
+    # resumed at 6: batch 7 is untimed, the first estimate after batch 8 (a third of 4 left)
+    assert m.group(1) == "batch" and (int(m.group(5)), int(m.group(6))) == (8, 8)
+    assert int(m.group(7)) == 2
+    assert "demo: 4 batches in" in lines[-1]
 
 
-def test_disabled_writes_nothing():
+@pytest.mark.parametrize("total", [3, 4, 6, 7])
+def test_short_loops_log_once_not_every_step(total):
+    pace = [x for x in _run(total, first=5) if LINE.search(x)]
+    assert 1 <= len(pace) <= 2, pace
+
+
+def test_disabled_writes_nothing_and_close_is_idempotent():
     out = io.StringIO()
     p = Pace(10, "demo", file=out, disable=True)
     for _ in range(10):
         p.update()
     p.close()
     assert out.getvalue() == ""
+    out = io.StringIO()
+    with Pace(5, "demo", file=out, bar=False) as p:
+        p.update()
+        p.close()
+    assert out.getvalue().count("demo: 1 step in") == 1
+
+
+def test_context_manager_writes_the_summary_when_the_loop_raises():
+    out = io.StringIO()
+    with pytest.raises(RuntimeError):
+        with Pace(10, "demo", file=out, bar=False) as p:
+            p.update()
+            p.update()
+            raise RuntimeError("boom")
+    assert "demo: 2 steps in" in out.getvalue()

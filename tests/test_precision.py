@@ -50,15 +50,21 @@ def test_cpuinfo_first_block_flags_and_model(tmp_path: Path) -> None:
     ({"avx2", "avx512_bf16"}, {"ONEDNN_MAX_CPU_ISA": "avx2"}, False),
     ({"avx2", "avx512_bf16"}, {"ATEN_CPU_CAPABILITY": "avx2"}, False),
     ({"avx2", "avx512_bf16"}, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, True),
-    (None, {}, None),
+    ({"avx2", "avx512_bf16"}, {"DNNL_MAX_CPU_ISA": "AVX2"}, False),
 ])
 def test_native_bf16_from_flags_and_isa_caps(flags, env, expect) -> None:
-    fl = frozenset(flags) if flags is not None else None
-    if fl is None:
-        assert hardware.native_bf16_cpu(frozenset(), env) is False
-        assert hardware.isa_cap(env) is None
-    else:
-        assert hardware.native_bf16_cpu(fl, env) is expect
+    assert hardware.native_bf16_cpu(frozenset(flags), env) is expect
+
+
+def test_unknown_flags_leave_the_answer_to_torch_and_warn_about_nothing(monkeypatch) -> None:
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda info=None: None)
+    assert hardware.native_bf16_cpu(None, {}) is None
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg["models"]["large"]["pretrain"]["precision"] = "bf16"
+    assert emulated_bf16_fields(cfg) == []
+    assert models.native_bf16("cpu") in (True, False)  # torch's own probes decide
 
 
 def test_forced_avx2_reports_no_native_bf16_and_bf16_warns(monkeypatch) -> None:
@@ -83,7 +89,7 @@ def _dry_run(cwd: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
                           text=True, cwd=cwd, env=full, timeout=600)
 
 
-def test_embedded_config_resolves_every_run_to_fp32_without_native_bf16(tmp_path, monkeypatch):
+def test_embedded_config_has_no_bf16_and_resolves_every_run_to_fp32(tmp_path, monkeypatch):
     """Native bf16 reported absent (the forced-AVX2 path): every pretraining and every train
     job of config/config.yaml resolves to fp32, and nothing warns."""
     for k, v in FORCED_AVX2.items():
@@ -111,6 +117,9 @@ def test_embedded_config_resolves_every_run_to_fp32_without_native_bf16(tmp_path
 def test_bf16_on_an_emulating_cpu_warns_at_config_check_and_in_the_dry_run(tmp_path, monkeypatch):
     for k, v in FORCED_AVX2.items():
         monkeypatch.setenv(k, v)
+    import clusterft.config
+
+    monkeypatch.setattr(clusterft.config, "cuda_visible", lambda: False)  # a GPU node too
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     cfg["models"]["large"]["pretrain"]["precision"] = "bf16"
     cfg["models"]["large"]["train"] = {"precision": "bf16"}
@@ -124,6 +133,8 @@ def test_bf16_on_an_emulating_cpu_warns_at_config_check_and_in_the_dry_run(tmp_p
     assert any(f"{path}, line {line}: models.large.pretrain.precision: bf16" in m for m in msgs), msgs
     assert any("models.large.train.precision" in m for m in msgs), msgs
     assert not any("models.small" in m for m in msgs)
+    monkeypatch.setattr(clusterft.config, "cuda_visible", lambda: True)  # pretraining: CPU
+    assert emulated_bf16_fields(cfg) == ["models.large.pretrain.precision"]
     out = _dry_run(tmp_path, "--configfile", str(path), env=FORCED_AVX2)
     assert out.returncode == 0, out.stderr[-3000:]  # a warning, not an error
     assert "models.large.pretrain.precision: bf16 on a CPU that emulates bfloat16" in out.stderr

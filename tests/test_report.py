@@ -257,8 +257,13 @@ def test_standard_error_is_at_least_min_se(tmp_path):
     beat = strict.split("Cluster > random")[1].splitlines()[0]
     assert "within seed noise (2 standard errors = 0.057)" in beat, beat
     assert "at least 0.020 (`report.min_se`" in strict
-    one = accuracy_table(load_runs(make_runs(tmp_path, same, seeds=(0,)))[0], tasks)
-    assert (one["average_se"] == DEFAULTS["min_se"]).all()  # one seed: the floor alone
+    sub = tmp_path / "one"
+    sub.mkdir()
+    df1, _ = load_runs(make_runs(sub, same, seeds=(0,)))
+    one = accuracy_table(df1, tasks)
+    assert one["average_se"].isna().all()  # one seed: no noise estimate, not the floor
+    text1 = findings_text(one, time_table(df1))
+    assert "(one seed: no noise estimate)" in text1.split("Cluster > random")[1].splitlines()[0]
 
 
 def test_precision_shown_and_never_mixed_silently(tmp_path):
@@ -283,6 +288,8 @@ def test_precision_shown_and_never_mixed_silently(tmp_path):
     assert sorted(sel["precision"]) == ["bf16", "fp32"]
     assert sel.loc[sel["precision"] == "bf16", "ratio_to_full"].isna().all()  # no bf16 full run
     text = findings_text(acc, tt, None, tasks, df)
+    tred = text.split("Training time reduction")[1].splitlines()[0]
+    assert "2 GPU balanced, 3 epochs, fp32:" in tred and "bf16" not in tred
     cond = text.split("## Run conditions")[1].split("##")[0]
     assert "Training precision: fp32" in cond and "bf16 (1 runs)" in cond and "mixed" in cond
     assert "Other CPU (1 runs)" in cond

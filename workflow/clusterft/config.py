@@ -130,11 +130,21 @@ def tasks_for(cfg: dict, dataset: str) -> list[str]:
             if t.dataset == source and (not only or t.name in only)]
 
 
+def model_train_value(cfg: dict, model: str, key: str) -> tuple[Any, str]:
+    """A train key as model `model` gets it (its own `train` override, else the train
+    section) and the config field it comes from."""
+    own = cfg["models"][model].get("train") or {}
+    if key in own:
+        return own[key], f"models.{model}.train.{key}"
+    return (cfg.get("train") or {}).get(key), f"train.{key}"
+
+
 def emulated_bf16_fields(cfg: dict) -> list[str]:
     """Config fields that ask for bf16 where this node's CPU would emulate it.
 
-    Empty where the CPU has native bf16 (or its flags are unknown), and for stages that
-    run on a GPU (device cuda, or auto with an NVIDIA driver visible).
+    Empty where the CPU has native bf16 (or its flags are unknown). Pretraining of a
+    built model always runs on the CPU; fine-tuning and evaluation only where their device
+    is cpu, or auto without an NVIDIA driver visible.
     """
     if native_bf16_cpu() is not False:
         return []
@@ -144,15 +154,12 @@ def emulated_bf16_fields(cfg: dict) -> list[str]:
         return device == "cpu" or (device == "auto" and not cuda_visible())
 
     out = []
-    train = cfg.get("train") or {}
     for name, m in (cfg.get("models") or {}).items():
-        own_pre, own_train = m.get("pretrain") or {}, m.get("train") or {}
-        if own_pre.get("precision") == "bf16" and on_cpu("auto"):
+        if m.get("source", "build") == "build" and (m.get("pretrain") or {}).get("precision") == "bf16":
             out.append(f"models.{name}.pretrain.precision")
-        prec = own_train.get("precision", train.get("precision"))
-        if prec == "bf16" and on_cpu(own_train.get("device", train.get("device"))):
-            out.append(f"models.{name}.train.precision" if "precision" in own_train
-                       else "train.precision")
+        prec, field = model_train_value(cfg, name, "precision")
+        if prec == "bf16" and on_cpu(model_train_value(cfg, name, "device")[0]):
+            out.append(field)
     ev = cfg.get("evaluate") or {}
     if ev.get("dtype") == "bfloat16" and on_cpu(ev.get("device")):
         out.append("evaluate.dtype")
@@ -197,11 +204,8 @@ def check_config(cfg: dict, source: str = "config") -> None:
     for key, x in gpus:
         if x is not None and (not isinstance(x, int) or x <= 0):
             raise config_error(f"gpus must be a positive integer, got {x!r}", source, f"sweep.{key}")
-    for name, m in cfg["models"].items():
-        own = (m.get("train") or {})
-        where = f"models.{name}.train.global_batch_size" if "global_batch_size" in own \
-            else "train.global_batch_size"
-        gbs = own.get("global_batch_size", (cfg.get("train") or {}).get("global_batch_size"))
+    for name in cfg["models"]:
+        gbs, where = model_train_value(cfg, name, "global_batch_size")
         if not isinstance(gbs, int) or isinstance(gbs, bool) or gbs < 1:
             continue  # null (per-rank batch_size) or a bad value the train stage names
         for key, x in gpus:

@@ -359,9 +359,10 @@ def _register_paced_model() -> str:
     """Register lm-eval's ``hf`` model with pace lines in the log (`clusterft.pace`).
 
     The subclass only counts the rows of each model call (same batches, same results as
-    ``hf``). The total is the number of requests: multiple-choice requests that share a
-    context and a one-token continuation are computed once, so such a run finishes before
-    the expected time, never after it.
+    ``hf``; the raw ``*.lm_eval.json`` names the model ``clusterft-hf``). The total is the
+    number of requests: multiple-choice requests that share a context and a one-token
+    continuation are computed once, so such a run finishes before the expected time, never
+    after it. ``loglikelihood_rolling`` (perplexity tasks; none in this repo) is not paced.
     """
     from lm_eval.api.registry import MODEL_REGISTRY, register_model
     from lm_eval.models.huggingface import HFLM
@@ -374,7 +375,8 @@ def _register_paced_model() -> str:
         _pace: Pace | None = None
 
         def _paced(self, requests, what, run):
-            self._pace = Pace(len(requests), f"evaluate {what}", unit="request", bar=False)
+            self._pace = Pace(len(requests), f"evaluate {what}", unit="request", bar=False,
+                              disable=self.rank != 0)
             try:
                 return run()
             finally:

@@ -19,7 +19,8 @@ from typing import Mapping
 # oneDNN ISA names (ONEDNN_MAX_CPU_ISA) below the first one with bf16 instructions.
 ONEDNN_ISAS_WITHOUT_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE",
                                       "AVX512_CORE_VNNI"})
-# ATen CPU capabilities (ATEN_CPU_CAPABILITY) that run bf16 elementwise kernels emulated.
+# ATen CPU capabilities (ATEN_CPU_CAPABILITY) that run bf16 elementwise kernels emulated
+# (oneDNN's matmuls may still be native: counted as non-native to be on the safe side).
 ATEN_CAPS_WITHOUT_BF16 = frozenset({"default", "avx2"})
 # /proc/cpuinfo flags (x86) / features (Arm) of native bfloat16 arithmetic.
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
@@ -58,9 +59,10 @@ def cpu_model(info: Mapping[str, str] | None = None) -> str:
 def isa_cap(env: Mapping[str, str] | None = None) -> str | None:
     """The environment variable that keeps torch off native bf16 kernels, if one is set."""
     env = os.environ if env is None else env
-    isa = env.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    if isa in ONEDNN_ISAS_WITHOUT_BF16:
-        return f"ONEDNN_MAX_CPU_ISA={isa}"
+    for var in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):  # the second is the old name
+        isa = env.get(var, "").strip().upper()
+        if isa in ONEDNN_ISAS_WITHOUT_BF16:
+            return f"{var}={isa}"
     cap = env.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     if cap in ATEN_CAPS_WITHOUT_BF16:
         return f"ATEN_CPU_CAPABILITY={cap}"
@@ -94,7 +96,8 @@ def describe() -> dict[str, object]:
     """The CPU facts a timing depends on, for metrics files and the report."""
     info = _cpuinfo()
     flags = cpu_flags(info) or frozenset()
-    return {"cpu": cpu_model(info), "cores": os.cpu_count(),
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu_model(info), "cores": cores,
             "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
             "avx2": "avx2" in flags, "isa_cap": isa_cap(), "native_bf16": native_bf16_cpu()}
 

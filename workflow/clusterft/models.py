@@ -295,8 +295,8 @@ def resolve_precision(precision: str, device, field: str = "precision") -> str:
     and the loss stay float32 (the usual mixed-precision recipe). ``auto`` keeps fp32 on
     every CPU: emulated bf16 (CPUs without AVX512-BF16/AMX) is about 10x slower than fp32,
     native bf16 pays off only for some shapes (oneDNN builds its kernels per matrix shape),
-    and a default whose numbers depend on the CPU's instruction set would not reproduce
-    across machines. An explicit ``bf16`` on a CPU that emulates it warns (on stderr, so in
+    and a default in bf16 on some CPUs and fp32 on others would add a precision difference to
+    the float-kernel differences machines already have. An explicit ``bf16`` on a CPU that emulates it warns (on stderr, so in
     the rule's log) and runs as asked.
     """
     if precision not in PRECISIONS:
@@ -345,24 +345,23 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -
     t0 = time.perf_counter()
     order = rng.permutation(len(train))
     pos = 0
-    pace = Pace(steps, f"pretrain ({precision})", disable=steps < 2)
-    for _step in range(steps):
-        if pos + bs > len(order):
-            order, pos = rng.permutation(len(train)), 0
-        idx = torch.from_numpy(order[pos:pos + bs]) if bs <= len(order) else torch.from_numpy(order)
-        pos += bs
-        batch = data[idx]
-        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            out = model(input_ids=batch, labels=batch)
-        out.loss.backward()
-        if cfg["grad_clip"]:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["grad_clip"]))
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(out.loss.detach()))
-        pace.update()
-    pace.close()
+    with Pace(steps, f"pretrain ({precision})", disable=steps < 2) as pace:
+        for _step in range(steps):
+            if pos + bs > len(order):
+                order, pos = rng.permutation(len(train)), 0
+            idx = torch.from_numpy(order[pos:pos + bs]) if bs <= len(order) else torch.from_numpy(order)
+            pos += bs
+            batch = data[idx]
+            with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                out = model(input_ids=batch, labels=batch)
+            out.loss.backward()
+            if cfg["grad_clip"]:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["grad_clip"]))
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(out.loss.detach()))
+            pace.update()
     seconds = time.perf_counter() - t0
     model.eval()
     val_loss = None

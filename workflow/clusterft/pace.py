@@ -2,8 +2,8 @@
 the measured seconds per step and the expected finish time.
 
 In a Snakemake job's log a tqdm bar is a stream of carriage returns that nobody reads while
-the job runs. One line soon after the start ("0.42 s/step ... expected finish 18:52:10 UTC,
-in 8.3 min") tells a user within a minute that a rule will take hours, e.g. because bf16 is
+the job runs. One line soon after the start ("0.42 s/step ... expected finish 18:52:10 UTC
+(in 8.3 min)") tells a user within a minute that a rule will take hours, e.g. because bf16 is
 emulated on their CPU, instead of after it. The first step is left out of the rate: it pays
 for one-time work (kernel selection, allocator warm-up, lazy imports).
 """
@@ -11,9 +11,10 @@ for one-time work (kernel selection, allocator warm-up, lazy imports).
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import sys
 import time
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from tqdm import tqdm
 
@@ -37,32 +38,38 @@ class Pace:
     Lines go to ``file`` (stderr by default, which the workflow sends to the rule's log):
     one after ``first`` timed steps, then at each ``1/reports`` of the run, and one at
     ``close()`` with the whole loop's mean. ``disable`` silences both (e.g. ranks > 0);
-    ``bar=False`` keeps the lines only (where the loop has a bar of its own).
+    ``bar=False`` keeps the lines only (where the loop has a bar of its own). ``clock``
+    is for tests. Use it as a context manager so the summary is written even if the loop
+    raises.
     """
 
     def __init__(self, total: int, desc: str, *, initial: int = 0, first: int = 5,
                  reports: int = 4, disable: bool = False, file: IO[str] | None = None,
-                 mininterval: float = 2.0, unit: str = "step", bar: bool = True) -> None:
-        self.total, self.desc, self.unit = int(total), desc, unit
+                 mininterval: float = 2.0, unit: str = "step", units: str | None = None,
+                 bar: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.total, self.desc = int(total), desc
+        self.unit, self.units = unit, units or unit + "s"
         # Short loops report sooner (a third of the way), so every loop logs a pace line.
-        self.first = max(1, min(int(first), (int(total) - int(initial)) // 3))
+        self.first = max(1, min(int(first), (self.total - int(initial)) // 3))
         self.disable = disable
         self.file = file if file is not None else sys.stderr
+        self.clock = clock
         self.bar = tqdm(total=total, initial=initial, desc=desc, disable=disable or not bar,
                         mininterval=mininterval, file=self.file)
         self.n = self._initial = int(initial)
-        self._t_start = time.perf_counter()
+        self._t_start = clock()
         self._t0: float | None = None  # time and count after the first (untimed) step
         self._n0 = 0
-        step = max(1, self.total // max(1, int(reports)))
-        self._milestones = [m for m in range(step, self.total, step)]
+        every = max(1, math.ceil(self.total / max(1, int(reports))))
+        self._milestones = list(range(every, self.total, every))
         self._first_done = False
+        self._closed = False
 
     def rate(self) -> float | None:
         """Mean seconds per step since the first step (None before two steps)."""
         if self._t0 is None or self.n <= self._n0:
             return None
-        return (time.perf_counter() - self._t0) / (self.n - self._n0)
+        return (self.clock() - self._t0) / (self.n - self._n0)
 
     def message(self) -> str:
         """The pace line for the current step."""
@@ -71,26 +78,28 @@ class Pace:
             return f"{self.desc}: {self.unit} {self.n}/{self.total}"
         left = max(0, self.total - self.n) * r
         return (f"{self.desc}: {self.unit} {self.n}/{self.total}, {r:.3g} s/{self.unit} "
-                f"(mean of {self.unit}s {self._n0 + 1}-{self.n}); {self.total - self.n} left, "
+                f"(mean of {self.units} {self._n0 + 1}-{self.n}); {self.total - self.n} left, "
                 f"expected finish {_clock(left)} (in {_span(left)})")
 
     def _write(self, msg: str) -> None:
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         tqdm.write(f"{stamp} pace {msg}", file=self.file)
 
     def update(self, n: int = 1) -> None:
         self.n += n
         self.bar.update(n)
         if self._t0 is None:
-            self._t0, self._n0 = time.perf_counter(), self.n
+            self._t0, self._n0 = self.clock(), self.n
             return
         if self.disable or self.n >= self.total:
             return
-        if not self._first_done and self.n - self._n0 >= self.first:
-            self._first_done = True
-            self._write(self.message())
-            self._milestones = [m for m in self._milestones if m > self.n]
-        elif self._first_done and self._milestones and self.n >= self._milestones[0]:
+        if not self._first_done:
+            if self.n - self._n0 >= self.first:
+                self._first_done = True
+                self._write(self.message())
+                # no milestone line right after the first one
+                self._milestones = [m for m in self._milestones if m > self.n + 1]
+        elif self._milestones and self.n >= self._milestones[0]:
             self._milestones = [m for m in self._milestones if m > self.n]
             self._write(self.message())
 
@@ -98,14 +107,18 @@ class Pace:
         self.bar.set_postfix(**kw)
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self.bar.close()
         if self.disable:
             return
         done = self.n - self._initial
-        took = time.perf_counter() - self._t_start
+        took = self.clock() - self._t_start
         r = self.rate()
         tail = f", {r:.3g} s/{self.unit} after the first" if r is not None else ""
-        self._write(f"{self.desc}: {done} {self.unit}s in {_span(took)}{tail}")
+        self._write(f"{self.desc}: {done} {self.unit if done == 1 else self.units} in "
+                    f"{_span(took)}{tail}")
 
     def __enter__(self) -> "Pace":
         return self

@@ -44,7 +44,8 @@ DEFAULTS: dict[str, Any] = {
     # Smallest standard error attached to a mean average accuracy, whatever the seeds show:
     # the same run on another CPU (other float kernels) gives another model, and with few
     # seeds the seed standard error can come out near zero by chance. Set from the spread
-    # measured between two CPU paths of the embedded default (README, "Reproducibility").
+    # measured between two CPU paths of the embedded default (README, "CPUs, precision and
+    # reproducibility").
     "min_se": 0.01,
     # Resolution of the PNG plots.
     "dpi": 110,
@@ -208,8 +209,9 @@ def accuracy_table(df: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any] | 
     for t in tasks:
         if f"n:{t}" in ev:
             out[f"{t}_n"] = ev.groupby(keys, dropna=False)[f"n:{t}"].max()
+    # One seed: no noise estimate at all (NaN), not the floor alone.
     seed_se = out["average_std"] / np.sqrt(out["n_seeds"])
-    out["average_se"] = np.fmax(seed_se.where(out["n_seeds"] >= 2), float(cfg["min_se"]))
+    out["average_se"] = np.fmax(seed_se, float(cfg["min_se"])).where(out["n_seeds"] >= 2)
     # Every precision the group's runs trained in: a mix shows as "bf16+fp32", never silently.
     out["precision"] = ev.groupby(keys, dropna=False)["precision"].agg(
         lambda p: "+".join(sorted(set(p))))
@@ -469,17 +471,21 @@ def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
 
     # 3. training time reduction at 31%
     t = tt[(tt["dataset"] == dataset) & (tt["model"] == model)]
-    head = f"**Training time reduction at {pct} (cluster vs full, same GPUs/distribution/epochs)**: "
+    several_prec = t["precision"].nunique() > 1 if "precision" in t else False
+    head = (f"**Training time reduction at {pct} (cluster vs full, same GPUs/distribution/epochs/"
+            "precision)**: ")
     pairs = t[(t["method"] == cfg["cluster_method"]) & np.isclose(t["fraction"], b)
               & t["ratio_to_full"].notna()]
     if pairs.empty:
-        out.append(head + "not evaluated (no full run with the same GPUs and distribution).")
+        out.append(head + "not evaluated (no full run with the same GPUs, distribution, epochs "
+                   "and precision).")
     else:
         parts, oks = [], []
         for r in pairs.itertuples():
             oks.append(r.ratio_to_full < 1)
             full_s = r.wall_time_s_mean / r.ratio_to_full
-            parts.append(f"{r.gpus} GPU {r.distribution}, {_epochs(r.epochs)}: "
+            prec = f", {r.precision}" if several_prec else ""
+            parts.append(f"{r.gpus} GPU {r.distribution}, {_epochs(r.epochs)}{prec}: "
                          f"{r.wall_time_s_mean:.1f} s vs full "
                          f"{full_s:.1f} s (ratio {r.ratio_to_full:.2f})")
         verdict = "reproduced" if all(oks) else ("partly reproduced" if any(oks)
@@ -495,14 +501,15 @@ def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
     common = tb.index.intersection(tr.index)
     if len(common) == 0:
         out.append(head + "not evaluated (needs both distributions with the same GPUs, method, "
-                   "budget and epochs).")
+                   "budget, epochs and precision).")
     else:
         parts, oks = [], []
         for k in common:
             rb, rr = tb.loc[k], tr.loc[k]
             ratio = rb["wall_time_s_mean"] / rr["wall_time_s_mean"]
             oks.append(ratio < 1)
-            parts.append(f"{k[0]} GPU {k[1]} {k[2]:.0%} ({_epochs(k[3])}): balanced "
+            prec = f", {k[4]}" if several_prec else ""
+            parts.append(f"{k[0]} GPU {k[1]} {k[2]:.0%} ({_epochs(k[3])}{prec}): balanced "
                          f"{_pm(rb['wall_time_s_mean'], rb['wall_time_s_std'], 1)} s vs random "
                          f"{_pm(rr['wall_time_s_mean'], rr['wall_time_s_std'], 1)} s "
                          f"(ratio {ratio:.2f}, seeds {int(rb['n_seeds'])} vs {int(rr['n_seeds'])}; "

@@ -210,21 +210,20 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
     model.train()
     with torch.random.fork_rng(devices=[]):  # lora dropout draws from the global RNG
         torch.manual_seed(seed)
-        pace = Pace(steps, "score warm-up", disable=steps < 2)
-        for _ in range(steps):
-            if pos >= len(order):  # next epoch (the last batch of one may be short)
-                order, pos = rng.permutation(subset), 0
-            batch = collate([encoded[i] for i in order[pos:pos + bs]], pad_id)
-            pos += bs
-            batch = {k: v.to(device) for k, v in batch.items()}
-            loss = model(**batch).loss
-            loss.backward()
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            out["warmup_losses"].append(round(float(loss.detach()), 5))
-            pace.update()
-        pace.close()
+        with Pace(steps, "score warm-up", disable=steps < 2) as pace:
+            for _ in range(steps):
+                if pos >= len(order):  # next epoch (the last batch of one may be short)
+                    order, pos = rng.permutation(subset), 0
+                batch = collate([encoded[i] for i in order[pos:pos + bs]], pad_id)
+                pos += bs
+                batch = {k: v.to(device) for k, v in batch.items()}
+                loss = model(**batch).loss
+                loss.backward()
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                out["warmup_losses"].append(round(float(loss.detach()), 5))
+                pace.update()
     model.eval()
     if cfg["gradient_type"] == "adam":
         st = [opt.state[p] for _, p in params]
@@ -518,18 +517,17 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
         projected = np.zeros((len(encoded), int(cfg["dim"])), dtype=np.float32)
         norms = np.zeros(len(encoded), dtype=np.float32)
         # Batches go shortest first, so the expected finish of the first pace lines is early.
-        pace = Pace(math.ceil(len(order) / bs), "score gradients", unit="batch",
-                    disable=len(order) <= bs)
-        for lo in range(0, len(order), bs):
-            idx = order[lo:lo + bs]
-            batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
-            g = per_example_grads(pmodel, batch, cfg["method"])
-            if cfg["gradient_type"] == "adam":
-                g = adam_direction(g, info["exp_avg"], info["exp_avg_sq"])
-            norms[idx] = g.norm(dim=1).cpu().numpy()
-            projected[idx] = proj(g).cpu().numpy()
-            pace.update()
-        pace.close()
+        with Pace(math.ceil(len(order) / bs), "score gradients", unit="batch",
+                  units="batches", disable=len(order) <= bs) as pace:
+            for lo in range(0, len(order), bs):
+                idx = order[lo:lo + bs]
+                batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
+                g = per_example_grads(pmodel, batch, cfg["method"])
+                if cfg["gradient_type"] == "adam":
+                    g = adam_direction(g, info["exp_avg"], info["exp_avg_sq"])
+                norms[idx] = g.norm(dim=1).cpu().numpy()
+                projected[idx] = proj(g).cpu().numpy()
+                pace.update()
     finally:
         if pmodel is not None:
             pmodel.unload()  # remove the adapters: the caller's model is left as it was

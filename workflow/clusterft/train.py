@@ -520,8 +520,11 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     clip = float(cfg["grad_clip"])
     stopped_early = False
     ddp.train()
-    bar = Pace(total_steps, f"train x{d.world_size} ({precision})", initial=step,
-               disable=d.rank != 0, mininterval=1.0)
+    # The loop stops at max_steps when that is set: the pace line's finish must too. (Not a
+    # `with` block: a failed step ends the process, and the loop stays flat.)
+    pace = Pace(min(total_steps, max_steps) if max_steps else total_steps,
+                f"train x{d.world_size} ({precision})", initial=step,
+                disable=d.rank != 0, mininterval=1.0)
     t_loop = time.perf_counter()
     for epoch in range(start_epoch, epochs):
         batches = epoch_batches(sampler, epoch, bs)
@@ -560,9 +563,9 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
             acc["losses"].append(float(np.mean([r[3] for r in rows])))
             acc["step_times"].append(time.perf_counter() - t_step)
             step += 1
-            bar.update(1)
+            pace.update()
             if step % max(1, int(cfg["log_every"])) == 0:
-                bar.set_postfix(loss=f"{acc['losses'][-1]:.3f}")
+                pace.set_postfix(loss=f"{acc['losses'][-1]:.3f}")
             done = step == total_steps or (max_steps and step >= max_steps)
             if ckpt_dir is not None and ckpt_every > 0 and step % ckpt_every == 0 and step < total_steps:
                 acc["wall_time_s"] += time.perf_counter() - t_loop
@@ -587,7 +590,7 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     if d.initialized:
         dist.barrier()
     acc["wall_time_s"] += time.perf_counter() - t_loop
-    bar.close()
+    pace.close()
     metrics = summarize(acc, cfg, d, distribution, examples, steps_per_epoch, epochs, step,
                         resumed_from, stopped_early)
     metrics["precision"] = precision
