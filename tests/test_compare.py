@@ -55,3 +55,41 @@ def test_cli_writes_markdown_and_json(tmp_path: Path, capsys) -> None:
     assert json.loads((tmp_path / "c.json").read_text())["accuracy"]["runs"]["max_abs"] == 0
     with pytest.raises(SystemExit, match="not a results folder"):
         compare(tmp_path / "a", tmp_path / "missing")
+
+
+def _selection(root: Path, cell: str, seed: int, ids: list[str]) -> None:
+    import pandas as pd
+
+    d = root / "select" / cell / f"s{seed}"
+    d.mkdir(parents=True)
+    pd.DataFrame({"id": ids, "cluster": 0, "score": 0.0}).to_parquet(d / "selection.parquet")
+
+
+def _metrics(root: Path, rel: str, final_loss: float) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"final_loss": final_loss}))
+
+
+def test_selection_overlap_and_losses(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    cell = "skills/small/cluster-0.31"
+    _selection(a, cell, 0, ["1", "2", "3", "4"])
+    _selection(a, cell, 1, ["5", "6", "7", "8"])
+    _selection(b, cell, 0, ["1", "2", "3", "5"])  # 3 of 5 distinct ids shared
+    _selection(b, cell, 1, ["5", "6", "7", "8"])
+    _metrics(a, "models/small/base/pretrain_metrics.json", 2.0)
+    _metrics(b, "models/small/base/pretrain_metrics.json", 2.02)
+    _metrics(a, "train/skills/small/full-1/g1-balanced/s0/train_metrics.json", 1.0)
+    _metrics(b, "train/skills/small/full-1/g1-balanced/s0/train_metrics.json", 1.0)
+    res = compare(a, b)
+    same = res["selections"]["same"]
+    assert same["n"] == 2 and same["min"] == pytest.approx(3 / 5) and same["mean"] == pytest.approx(0.8)
+    # seeds within a: disjoint; within b: {5} shared of 7
+    assert res["selections"]["seeds"]["n"] == 2
+    assert res["selections"]["seeds"]["mean"] == pytest.approx((0 + 1 / 7) / 2)
+    losses = {r["kind"]: r for r in res["losses"]}
+    assert losses["base-model pretraining"]["max_rel"] == pytest.approx(0.02 / 2.02)
+    assert losses["fine-tuning"]["n"] == 1 and losses["fine-tuning"]["max_rel"] == 0
+    text = render(res)
+    assert "| same selection, A vs B | 2 | 0.800 | 0.600 |" in text

@@ -40,6 +40,12 @@ STAGE_FILES: list[tuple[str, str]] = [
     ("evaluations", "eval/**/results.json"),
 ]
 EVAL_RE = re.compile(r"eval/(?P<cell>.+?)/s(?P<seed>\d+)/results\.json$")
+SEL_RE = re.compile(r"select/(?P<cell>.+?)/s(?P<seed>\d+)/selection\.parquet$")
+# Final training losses compared as relative differences: (label, glob under results/).
+LOSS_FILES: list[tuple[str, str]] = [
+    ("base-model pretraining", "models/*/base/pretrain_metrics.json"),
+    ("fine-tuning", "train/**/train_metrics.json"),
+]
 
 
 def _sha(p: Path) -> str:
@@ -106,12 +112,73 @@ def accuracy_spread(a: Path, b: Path) -> dict[str, Any]:
             "largest": [{"run": f"{k[0]}/s{k[1]}", "a": va[k], "b": vb[k]} for _, k in worst]}
 
 
+def _selected(root: Path) -> dict[tuple[str, int], frozenset[str]]:
+    """(cell, seed) -> the ids a selection kept."""
+    import pandas as pd
+
+    out = {}
+    for p in root.glob("select/**/selection.parquet"):
+        m = SEL_RE.search(p.relative_to(root).as_posix())
+        if m:
+            out[(m["cell"], int(m["seed"]))] = frozenset(pd.read_parquet(p, columns=["id"])["id"].astype(str))
+    return out
+
+
+def _jaccard(x: frozenset[str], y: frozenset[str]) -> float:
+    return len(x & y) / len(x | y) if x or y else 1.0
+
+
+def _summary(v: list[float]) -> dict[str, float]:
+    a = np.asarray(v, dtype=float)
+    if a.size == 0:
+        return {"n": 0, "mean": math.nan, "min": math.nan}
+    return {"n": int(a.size), "mean": float(a.mean()), "min": float(a.min())}
+
+
+def selection_overlap(a: Path, b: Path) -> dict[str, Any]:
+    """Jaccard overlap of the kept ids: the same selection in both trees, and, for
+    reference, two seeds of a cell within each tree (what a new seed changes). Selections
+    are not byte-identical across CPUs because the features are not; this says how much
+    of the kept data still agrees."""
+    sa, sb = _selected(a), _selected(b)
+    same = [_jaccard(sa[k], sb[k]) for k in sorted(set(sa) & set(sb))]
+    seeds = []
+    for sel in (sa, sb):
+        by_cell: dict[str, dict[int, frozenset[str]]] = defaultdict(dict)
+        for (cell, seed), ids in sel.items():
+            by_cell[cell][seed] = ids
+        for s in by_cell.values():
+            ks = sorted(s)
+            seeds += [_jaccard(s[i], s[j]) for n, i in enumerate(ks) for j in ks[n + 1:]]
+    return {"same": _summary(same), "seeds": _summary(seeds)}
+
+
+def loss_spread(a: Path, b: Path) -> list[dict[str, Any]]:
+    """Per training kind: relative difference of the same run's final loss in both trees."""
+    rows = []
+    for label, pattern in LOSS_FILES:
+        fa = {p.relative_to(a).as_posix(): p for p in a.glob(pattern)}
+        fb = {p.relative_to(b).as_posix(): p for p in b.glob(pattern)}
+        rel = []
+        for k in sorted(set(fa) & set(fb)):
+            la = json.loads(fa[k].read_text()).get("final_loss")
+            lb = json.loads(fb[k].read_text()).get("final_loss")
+            if la is not None and lb is not None and (la or lb):
+                rel.append(abs(la - lb) / max(abs(la), abs(lb)))
+        r = np.asarray(rel, dtype=float)
+        rows.append({"kind": label, "n": int(r.size),
+                     "mean_rel": float(r.mean()) if r.size else math.nan,
+                     "max_rel": float(r.max()) if r.size else math.nan})
+    return rows
+
+
 def compare(a: str | Path, b: str | Path) -> dict[str, Any]:
     a, b = Path(a), Path(b)
     for p in (a, b):
         if not p.is_dir():
             raise SystemExit(f"error: {p} is not a results folder")
     return {"a": str(a), "b": str(b), "files": byte_identity(a, b),
+            "selections": selection_overlap(a, b), "losses": loss_spread(a, b),
             "accuracy": accuracy_spread(a, b)}
 
 
@@ -121,6 +188,15 @@ def render(res: dict[str, Any]) -> str:
     for r in res["files"]:
         extra = f" ({r['only_one_side']} on one side only)" if r["only_one_side"] else ""
         lines.append(f"| {r['stage']} | {r['files']} | {r['identical']}{extra} |")
+    so = res["selections"]
+    lines += ["", "| kept ids, Jaccard overlap | n | mean | min |", "| --- | --- | --- | --- |"]
+    for key, what in (("same", "same selection, A vs B"), ("seeds", "seed i vs seed j of a cell (both trees)")):
+        s = so[key]
+        lines.append(f"| {what} | {s['n']} | {s['mean']:.3f} | {s['min']:.3f} |")
+    lines += ["", "| final loss, same run, A vs B | n | mean relative difference | max |",
+              "| --- | --- | --- | --- |"]
+    for r in res["losses"]:
+        lines.append(f"| {r['kind']} | {r['n']} | {r['mean_rel']:.2e} | {r['max_rel']:.2e} |")
     acc = res["accuracy"]
     lines += ["", "| average accuracy difference | n | mean abs | rms | max abs | SD per run (rms/√2) |",
               "| --- | --- | --- | --- | --- | --- |"]
