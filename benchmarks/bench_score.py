@@ -33,7 +33,8 @@ def tiny_lora_llama(hidden=128, inter=256, layers=2, heads=4, vocab=2048, r=8, s
                     attn="sdpa"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from clusterft.score import add_lora
+    from clusterft.lora import DEFAULTS as LORA
+    from clusterft.lora import add_lora
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
@@ -41,7 +42,7 @@ def tiny_lora_llama(hidden=128, inter=256, layers=2, heads=4, vocab=2048, r=8, s
                       num_key_value_heads=heads, tie_word_embeddings=True, pad_token_id=2,
                       max_position_embeddings=512, attn_implementation=attn)
     model = LlamaForCausalLM(cfg)
-    pm = add_lora(model, {"lora_r": r, "lora_alpha": 2 * r, "lora_dropout": 0.0}, seed=seed)
+    pm = add_lora(model, {**LORA, "r": r, "alpha": 2 * r, "dropout": 0.0}, "score.lora", seed=seed)
     with torch.no_grad():  # as after a warm-up: lora_B != 0, so lora_A gradients are live
         for n, p in pm.named_parameters():
             if "lora_B" in n:

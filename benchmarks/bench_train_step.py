@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from clusterft.microbatch import CausalLMLoss, backward_step  # noqa: E402
-from clusterft.models import native_bf16  # noqa: E402
+from clusterft.precision import native_bf16  # noqa: E402
 from clusterft.tokenize import IGNORE_INDEX, Collator  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def synthetic(n: int, median: float, max_length: int, vocab: int, seed: int) -> 
 
 def from_run(workdir: Path, dataset: str, size: str, max_length: int, n: int):
     from clusterft.io import read_jsonl
-    from clusterft.models import load_tokenizer
+    from clusterft.hf import load_tokenizer
     from clusterft.tokenize import encode_records
     from transformers import AutoModelForCausalLM
 

@@ -54,7 +54,9 @@ def tiny_tokenizer_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
     """An HF dir (model + tokenizer) of a ~25k-parameter Llama, pretrained for 60 steps."""
-    from clusterft.models import build_model, load_tokenizer, pretrain, save_model
+    from clusterft.hf import load_tokenizer
+    from clusterft.models import build_model, save_model
+    from clusterft.pretrain import pretrain
 
     tok = load_tokenizer(tiny_tokenizer_dir)
     model = build_model(tok, TINY_SIZE, seed=0)

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from clusterft.config import TRUNCATION, load_config
-from clusterft.data import load_pool
+from clusterft.pool import load_pool
 from clusterft.decontaminate import run_decontaminate
 from clusterft.errors import InputError
 from clusterft.io import write_parquet
@@ -141,8 +141,8 @@ def test_score_applies_trains_length_policy_before_any_gradient_work(tmp_path,
 
 
 def test_length_policy_counts_what_train_will_cut_or_drop(tiny_model_dir) -> None:
-    from clusterft.data import load_pool
-    from clusterft.models import load_tokenizer
+    from clusterft.pool import load_pool
+    from clusterft.hf import load_tokenizer
     from clusterft.tokenize import check_length_policy
 
     tok = load_tokenizer(tiny_model_dir)

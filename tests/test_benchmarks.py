@@ -9,7 +9,8 @@ import pytest
 
 from clusterft.benchmarks import (DOMAINS, TASKS, TaskSpec, check_item, tasks_for_dataset,
                                   tasks_for_domain)
-from clusterft.data import load_pool, run_prepare_data
+from clusterft.data import run_prepare_data
+from clusterft.pool import load_pool
 from clusterft.errors import InputError
 from clusterft.io import read_jsonl
 from clusterft.pools import (OverlapIndex, icd10, item_pair, make_record, overlap_report,

@@ -157,7 +157,7 @@ def test_gradient_features_of_tiny_model_carry_skill_signal(tiny_model_dir, tiny
     import torch
     from transformers import AutoModelForCausalLM
 
-    from clusterft.models import load_tokenizer
+    from clusterft.hf import load_tokenizer
     from clusterft.score import compute_features
 
     tok = load_tokenizer(tiny_model_dir)

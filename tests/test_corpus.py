@@ -66,7 +66,7 @@ def test_corpus_disjoint_from_pools_and_benchmarks(built):
 
 
 def test_corpus_excludes_pycode_files(built):
-    from clusterft.data import load_pool
+    from clusterft.pool import load_pool
     pool = load_pool(built["root"] / "pycode" / "pool.jsonl")
     files = {r["source"].split("/", 1)[1] for r in pool}
     headers = {ln[len("# file: "):] for ln in built["text"].split("\n") if ln.startswith("# file: ")}

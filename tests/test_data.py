@@ -8,8 +8,8 @@ import os
 import pandas as pd
 import pytest
 
-from clusterft.data import (DEFAULTS, load_hf_pool, load_pool, merge_cfg, run_prepare_data,
-                            validate_example, write_pool)
+from clusterft.data import DEFAULTS, load_hf_pool, merge_cfg, run_prepare_data
+from clusterft.pool import load_pool, validate_example, write_pool
 from clusterft.errors import InputError
 
 

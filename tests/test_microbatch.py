@@ -156,7 +156,7 @@ def test_training_matches_the_plain_padded_step(tmp_path, tiny_model_dir, tiny_p
 
 def test_precision_resolution_and_bf16_training(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
     from clusterft.errors import InputError
-    from clusterft.models import native_bf16, resolve_precision
+    from clusterft.precision import native_bf16, resolve_precision
 
     assert resolve_precision("auto", "cpu") == "fp32"  # CPUs: bf16 only where chosen
     assert isinstance(native_bf16("cpu"), bool)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from clusterft.errors import InputError
-from clusterft.models import (DEFAULTS, build_model, count_params, load_tokenizer, read_corpus,
-                              resolve_model, run_base_model, run_tokenizer, train_tokenizer)
+from clusterft.hf import load_tokenizer, resolve_model
+from clusterft.models import (DEFAULTS, build_model, count_params, read_corpus, run_base_model,
+                              run_tokenizer, train_tokenizer)
 
 from conftest import stdlib_text
 

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft.data import load_pool, run_prepare_data
+from clusterft.data import run_prepare_data
+from clusterft.pool import load_pool
 from clusterft.errors import InputError
 from clusterft.pools import icd10, pycode, skills, stdlib_snapshot, zipf_counts
 from clusterft.prompt import render_prompt

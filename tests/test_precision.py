@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterft import hardware, models
+from clusterft import hardware, models, precision
 from clusterft.config import config_warnings, emulated_bf16_fields, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,21 +64,21 @@ def test_unknown_flags_leave_the_answer_to_torch_and_warn_about_nothing(monkeypa
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     cfg["models"]["large"]["pretrain"]["precision"] = "bf16"
     assert emulated_bf16_fields(cfg) == []
-    assert models.native_bf16("cpu") in (True, False)  # torch's own probes decide
+    assert precision.native_bf16("cpu") in (True, False)  # torch's own probes decide
 
 
 def test_forced_avx2_reports_no_native_bf16_and_bf16_warns(monkeypatch) -> None:
     for k, v in FORCED_AVX2.items():
         monkeypatch.setenv(k, v)
-    assert models.native_bf16("cpu") is False
+    assert precision.native_bf16("cpu") is False
     assert hardware.describe()["native_bf16"] is False
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert models.resolve_precision("auto", "cpu") == "fp32"
-        assert models.resolve_precision("fp32", "cpu") == "fp32"
+        assert precision.resolve_precision("auto", "cpu") == "fp32"
+        assert precision.resolve_precision("fp32", "cpu") == "fp32"
     with pytest.warns(UserWarning, match=r"train\.precision: bf16 on a CPU that emulates "
                                          r"bfloat16 \(ONEDNN_MAX_CPU_ISA=AVX2\)"):
-        assert models.resolve_precision("bf16", "cpu", field="train.precision") == "bf16"
+        assert precision.resolve_precision("bf16", "cpu", field="train.precision") == "bf16"
 
 
 def _dry_run(cwd: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
@@ -100,7 +100,7 @@ def test_embedded_config_has_no_bf16_and_resolves_every_run_to_fp32(tmp_path, mo
     assert emulated_bf16_fields(cfg) == []
     for name, m in cfg["models"].items():
         pre = {**models.DEFAULTS["pretrain"], **(m.get("pretrain") or {})}
-        assert models.resolve_precision(pre["precision"], "cpu") == "fp32", name
+        assert precision.resolve_precision(pre["precision"], "cpu") == "fp32", name
     out = _dry_run(tmp_path, "--configfile", str(ROOT / "config" / "config.yaml"),
                    env=FORCED_AVX2)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -111,7 +111,7 @@ def test_embedded_config_has_no_bf16_and_resolves_every_run_to_fp32(tmp_path, mo
 
     for c in cmds:
         js = json.loads(c.split("--config ", 1)[1].split(" > ", 1)[0].strip("'"))
-        assert models.resolve_precision(js.get("precision", TRAIN["precision"]), "cpu") == "fp32"
+        assert precision.resolve_precision(js.get("precision", TRAIN["precision"]), "cpu") == "fp32"
 
 
 def test_bf16_on_an_emulating_cpu_warns_at_config_check_and_in_the_dry_run(tmp_path, monkeypatch):

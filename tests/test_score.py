@@ -8,13 +8,16 @@ import pytest
 import torch
 
 from clusterft.errors import InputError
-from clusterft.score import (DEFAULTS, Projector, add_lora, compute_features,
+from clusterft.lora import DEFAULTS as LORA
+from clusterft.lora import add_lora
+from clusterft.score import (DEFAULTS, Projector, compute_features,
                              compute_features_info, l2_normalize, lora_parameters,
                              per_example_grads, pool_scores, run_score, warmup_lora)
 from clusterft.tokenize import collate, encode_example
 
 FAST = {"dim": 64, "batch_size": 8, "max_length": 64, "warmup_steps": 4, "warmup_lr": 5e-3,
-        "warmup_fraction": 0.25, "lora_r": 4, "lora_alpha": 8}
+        "warmup_fraction": 0.25, "lora": {"r": 4, "alpha": 8}}
+LORA_FAST = {**LORA, **FAST["lora"]}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,7 +33,7 @@ def one_thread():
 def tiny(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from clusterft.models import load_tokenizer
+    from clusterft.hf import load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
@@ -61,7 +64,7 @@ def test_defaults_documented():
 def test_hook_and_func_match_loop(tiny_model_dir, tiny, tiny_pool):
     _, tok = tiny
     model = _fresh(tiny_model_dir)
-    pm = add_lora(model, {**FAST, "lora_dropout": 0.0}, seed=0)
+    pm = add_lora(model, {**LORA, "r": 4, "alpha": 8, "dropout": 0.0}, "score.lora", seed=0)
     enc = _encode(tok, tiny_pool)
     warmup_lora(pm, enc, FAST, seed=0, pad_id=tok.pad_token_id)  # lora_B != 0: A-grads live
     pm.eval()
@@ -88,7 +91,7 @@ def test_warmup_changes_only_lora_weights(tiny_model_dir, tiny, tiny_pool):
     _, tok = tiny
     model = _fresh(tiny_model_dir)
     base_before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    pm = add_lora(model, FAST, seed=0)
+    pm = add_lora(model, LORA_FAST, "score.lora", seed=0)
     before = {n: p.detach().clone() for n, p in lora_parameters(pm)}
     assert all(float(v.abs().sum()) == 0 for n, v in before.items() if "lora_B" in n)
     info = warmup_lora(pm, _encode(tok, tiny_pool), FAST, seed=0, pad_id=tok.pad_token_id)
@@ -105,7 +108,7 @@ def test_warmup_changes_only_lora_weights(tiny_model_dir, tiny, tiny_pool):
 
 def test_warmup_epochs_sets_steps(tiny_model_dir, tiny, tiny_pool):
     _, tok = tiny
-    pm = add_lora(_fresh(tiny_model_dir), FAST, seed=0)
+    pm = add_lora(_fresh(tiny_model_dir), LORA_FAST, "score.lora", seed=0)
     cfg = {**FAST, "warmup_steps": None, "warmup_epochs": 2}  # 16 examples / 8 per batch
     info = warmup_lora(pm, _encode(tok, tiny_pool), cfg, seed=0, pad_id=tok.pad_token_id)
     assert info["warmup_steps"] == 4
@@ -212,7 +215,7 @@ def test_config_errors(tiny_model_dir, tiny, tiny_pool):
     _, tok = tiny
     for bad, match in (({"dimm": 3}, "unknown key"), ({"method": "jvp"}, "hook, func"),
                        ({"warmup_fraction": 0}, "warmup_fraction"),
-                       ({"target_modules": ["nope_proj"]}, "nope_proj")):
+                       ({"lora": {"target_modules": ["nope_proj"]}}, "nope_proj")):
         model = _fresh(tiny_model_dir)
         with pytest.raises(InputError, match=match):
             compute_features(model, tok, tiny_pool[:4], {**FAST, **bad}, seed=0)

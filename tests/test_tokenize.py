@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from clusterft.errors import InputError
-from clusterft.models import load_tokenizer
+from clusterft.hf import load_tokenizer
 from clusterft.prompt import render_example
 from clusterft.tokenize import IGNORE_INDEX, Collator, encode_example, encode_records
 

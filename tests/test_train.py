@@ -16,7 +16,8 @@ import torch
 
 from clusterft.errors import InputError
 from clusterft.io import write_parquet
-from clusterft.train import parse_config_arg, run_train, train_config
+from clusterft.config import parse_section_arg
+from clusterft.train import run_train, train_config
 
 BASE_CFG = {"batch_size": 4, "epochs": 1, "max_length": 64, "lr": 3e-3, "log_every": 1}
 
@@ -72,7 +73,7 @@ def test_two_rank_torchrun(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path, 
     assert m["tokens"] == sum(map(sum, m["per_rank_tokens_per_step"]))
     # every example seen once per epoch: real tokens >= the selection's tokens x epochs
     # (sampler padding may repeat a few), each rank's padded >= real tokens
-    from clusterft.models import load_tokenizer
+    from clusterft.hf import load_tokenizer
     from clusterft.tokenize import encode_records
 
     tok = load_tokenizer(tiny_model_dir)
@@ -144,7 +145,7 @@ def test_one_rank_under_torchrun_trains_without_a_process_group(tmp_path, tiny_m
 
 
 def test_backend_follows_the_device():
-    from clusterft.train import resolve_backend
+    from clusterft.distributed import resolve_backend
 
     assert resolve_backend("auto", cuda=True) == "nccl"
     assert resolve_backend("auto", cuda=False) == "gloo"
@@ -239,7 +240,7 @@ def test_bad_inputs(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
         run_train(tiny_model_dir, tiny_pool_path, bad, tmp_path / "o", tmp_path / "m.json", "random", 0, BASE_CFG)
     with pytest.raises(InputError, match="model"):
         run_train(tmp_path / "missing", tiny_pool_path, sel, tmp_path / "o", tmp_path / "m.json", "random", 0)
-    assert parse_config_arg('{"epochs": 2}') == {"epochs": 2}
+    assert parse_section_arg('{"epochs": 2}', "train") == {"epochs": 2}
     y = tmp_path / "c.yaml"
     y.write_text("train:\n  epochs: 4\nother: 1\n")
-    assert parse_config_arg(str(y)) == {"epochs": 4}
+    assert parse_section_arg(str(y), "train") == {"epochs": 4}

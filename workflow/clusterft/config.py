@@ -275,6 +275,30 @@ def check_config(cfg: dict, source: str = "config") -> None:
                                    source, f"datasets.{name}")
 
 
+def parse_section_arg(value: str | None, section: str) -> dict:
+    """A stage's ``--config``: a YAML/JSON file path or an inline JSON/YAML mapping.
+
+    A mapping with a ``section`` key (a whole project config) yields that section.
+    """
+    if not value:
+        return {}
+    if Path(value).exists():
+        try:
+            cfg = yaml.safe_load(Path(value).read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise InputError(f"malformed YAML/JSON: {e}", path=value) from e
+    else:
+        try:
+            cfg = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise InputError(f"--config is neither a file nor valid JSON/YAML: {e}") from e
+    if not isinstance(cfg, dict):
+        raise InputError("--config must be a mapping (or a file holding one)")
+    if isinstance(cfg.get(section), dict):
+        cfg = cfg[section]
+    return cfg
+
+
 def merge_section(defaults: dict[str, Any], cfg: dict[str, Any] | None, section: str,
                   free: tuple[str, ...] = ()) -> dict[str, Any]:
     """A stage's config section merged over its DEFAULTS (deep copy, nested dicts merged).

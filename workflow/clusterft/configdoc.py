@@ -48,8 +48,21 @@ def _defaults(module: str, key: str | None) -> dict:
     return d[key] if key else d
 
 
+# Sections shared by several stages: their keys are documented where they are defined.
+SHARED = ("clusterft.lora",)
+
+
 def comments(module: str) -> dict[str, str]:
-    """key -> the comment lines right above `"key":` in the module source (first occurrence)."""
+    """key -> the comment lines right above `"key":` in the module source (first occurrence),
+    then the keys of the shared sections (SHARED) the module does not document itself."""
+    out = _comments(module)
+    for shared in SHARED:
+        for k, v in _comments(shared).items():
+            out.setdefault(k, v)
+    return out
+
+
+def _comments(module: str) -> dict[str, str]:
     src = inspect.getsource(importlib.import_module(module)).splitlines()
     out: dict[str, str] = {}
     for i, line in enumerate(src):
@@ -113,9 +126,8 @@ def build_schema() -> dict:
     defs = schema["$defs"]
     for name, (module, key) in SECTIONS.items():
         defs[name] = section_schema(_defaults(module, key), comments(module))
-    models = importlib.import_module("clusterft.models")
-    mdocs = comments("clusterft.models")
-    defs["pretrain"] = section_schema(models.DEFAULTS["pretrain"], mdocs)
+    pretrain = importlib.import_module("clusterft.pretrain")
+    defs["pretrain"] = section_schema(pretrain.DEFAULTS, comments("clusterft.pretrain"))
     defs["tokenizer"] = {
         "type": "object", "additionalProperties": False, "default": {},
         "properties": {k: {**(_type(v) if v is not None else {"type": "string"}), "description": d}
@@ -154,10 +166,10 @@ def build_readme() -> str:
     parts += _rows("", keys, ddocs) + [""]
     parts += ["### `tokenizer`", "", "| key | default | meaning |", "| --- | --- | --- |"]
     parts += [f"| `{k}` | `{v}` | {d} |" for k, (v, d) in TOKENIZER.items()] + [""]
-    models = importlib.import_module("clusterft.models")
+    pretrain = importlib.import_module("clusterft.pretrain")
     parts += ["### `models.<name>.pretrain` (source: build)", "", "| key | default | meaning |",
               "| --- | --- | --- |"]
-    parts += _rows("", models.DEFAULTS["pretrain"], comments("clusterft.models")) + [""]
+    parts += _rows("", pretrain.DEFAULTS, comments("clusterft.pretrain")) + [""]
     for name, (module, key) in SECTIONS.items():
         parts += [f"### `{name}`", "", "| key | default | meaning |", "| --- | --- | --- |"]
         parts += _rows("", _defaults(module, key), comments(module)) + [""]

@@ -1,31 +1,25 @@
-"""Instruction pools on disk: loading with validation, writing, and the prepare_data stage.
-
-Pool schema (one JSON object per line): ``{"id": str, "messages": [{"role":
-"user"|"assistant"|"system", "content": str}, ...], "source": str}`` with at least one user
-message, exactly one assistant message and it last, a system message only first, non-empty
-contents, unique ids. Every error names the file, the line and the field.
+"""The prepare_data stage: build or read a dataset's pool, draw its benchmark items first.
 
 Pools come from the built-in builders (`clusterft.pools`: skills, pycode, icd10), from a
-local JSONL file in the schema (``source: jsonl``), or from a Hugging Face dataset with a
-column mapping (``source: hf``; offline unless downloads are allowed, so a hub id only
-works from the local cache; ``hf_dataset: json`` with ``data_files`` reads local files).
+local JSONL file in the pool schema (`clusterft.pool`; ``source: jsonl``), or from a Hugging
+Face dataset with a column mapping (``source: hf``; offline unless downloads are allowed, so
+a hub id only works from the local cache; ``hf_dataset: json`` with ``data_files`` reads
+local files).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from .benchmarks import TASKS, check_item, tasks_for_dataset
 from .errors import InputError
 from .io import set_offline_env, write_json, write_jsonl, write_parquet
+from .pool import check_unique, load_pool, validate_example, write_pool
 from .pools import OVERLAP_DEFAULTS, POOL_NAMES, get_pool_module
-
-ROLES = ("system", "user", "assistant")
 
 _CUSTOM: dict[str, dict] = {
     "jsonl": {
@@ -88,140 +82,6 @@ def merge_cfg(source: str, cfg: Mapping[str, Any] | None, dataset: str | None = 
     return out
 
 
-# ---------------------------------------------------------------------------- validation
-
-def validate_example(rec: Any, path: str | os.PathLike, line: int | None) -> dict:
-    """Check one record against the pool schema; return it with `source` filled in.
-
-    Raises InputError naming the file, the line and the field.
-    """
-    path = str(path)
-
-    def bad(field: str, what: str) -> InputError:
-        return InputError(what, path=path, line=line, field=field)
-
-    if not isinstance(rec, dict):
-        raise bad("(record)", "each record must be a JSON object")
-    rid = rec.get("id")
-    if "id" not in rec:
-        raise bad("id", "missing; every example needs a unique string id")
-    if not isinstance(rid, str) or not rid.strip():
-        raise bad("id", f"must be a non-empty string, got {rid!r}")
-    msgs = rec.get("messages")
-    if "messages" not in rec:
-        raise bad("messages", "missing; expected a list of {role, content} messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise bad("messages", "must be a non-empty list of {role, content} messages")
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise bad(f"messages[{i}]", "must be an object with 'role' and 'content'")
-        role = m.get("role")
-        if role is None:
-            raise bad(f"messages[{i}].role", "missing role")
-        if role not in ROLES:
-            raise bad(f"messages[{i}].role", f"unknown role {role!r}; use one of {ROLES}")
-        content = m.get("content")
-        if content is None:
-            raise bad(f"messages[{i}].content", "missing content")
-        if not isinstance(content, str) or not content.strip():
-            raise bad(f"messages[{i}].content", "must be a non-empty string")
-        if role == "system" and i != 0:
-            raise bad(f"messages[{i}].role", "a system message may only come first")
-    roles = [m["role"] for m in msgs]
-    if roles[-1] != "assistant":
-        raise bad(f"messages[{len(msgs) - 1}].role",
-                  "the last message must be the assistant's response")
-    if roles.count("assistant") != 1:
-        raise bad("messages", "exactly one assistant message (the last) is allowed")
-    if "user" not in roles:
-        raise bad("messages", "at least one user message is required")
-    src = rec.get("source", Path(path).stem)
-    if not isinstance(src, str):
-        raise bad("source", f"must be a string, got {src!r}")
-    out = dict(rec)
-    out["source"] = src
-    return out
-
-
-def _check_unique(ids: dict[str, int], rid: str, path: str, line: int) -> None:
-    if rid in ids:
-        raise InputError(f"duplicate id {rid!r} (first seen on line {ids[rid]})", path=path,
-                         line=line, field="id")
-    ids[rid] = line
-
-
-def _non_utf8_field(raw: bytes) -> str:
-    """The field holding the first bytes that are not UTF-8 ('(record)' if not found)."""
-    try:
-        rec = json.loads(raw.decode("utf-8", errors="surrogateescape"))
-    except ValueError:
-        return "(record)"
-
-    def bad(text: str) -> bool:
-        return any("\udc80" <= ch <= "\udcff" for ch in text)
-
-    def find(obj: Any, where: str) -> str | None:
-        if isinstance(obj, str):
-            return where if bad(obj) else None
-        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
-        for k, v in items:
-            sub = f"{where}[{k}]" if isinstance(k, int) else (f"{where}.{k}" if where else str(k))
-            hit = sub if isinstance(k, str) and bad(k) else find(v, sub)
-            if hit:
-                return hit
-        return None
-
-    return find(rec, "") or "(record)"
-
-
-def load_pool(path: str | os.PathLike, max_examples: int | None = None) -> list[dict]:
-    """Read and validate a pool JSONL file (the first `max_examples` records if given)."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError("pool file does not exist; check the path in the config", path=str(p))
-    out: list[dict] = []
-    ids: dict[str, int] = {}
-    with open(p, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if max_examples is not None and len(out) >= max_examples:
-                break
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InputError(f"not valid UTF-8 ({e.reason} at byte {e.start} of the line); "
-                                 "save the file as UTF-8", path=str(p), line=lineno,
-                                 field=_non_utf8_field(raw)) from e
-            if not text.strip():
-                continue
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise InputError(f"malformed JSON: {e.msg} (character {e.pos + 1} of the line); "
-                                 "each line must be one complete JSON object", path=str(p),
-                                 line=lineno,
-                                 field="(record)") from e
-            rec = validate_example(rec, p, lineno)
-            _check_unique(ids, rec["id"], str(p), lineno)
-            out.append(rec)
-    if not out:
-        raise InputError("pool is empty: no examples found (blank lines only)", path=str(p),
-                         field="(record)")
-    return out
-
-
-def write_pool(path: str | os.PathLike, records: Iterable[dict]) -> int:
-    """Validate records (record number = line) and write them as JSONL; returns the count."""
-    recs = list(records)
-    ids: dict[str, int] = {}
-    for i, r in enumerate(recs, start=1):
-        validate_example(r, path, i)
-        _check_unique(ids, r["id"], str(path), i)
-    if not recs:
-        raise InputError("refusing to write an empty pool", path=str(path))
-    write_jsonl(path, recs)
-    return len(recs)
-
-
 # ------------------------------------------------------------------------- user data
 
 def load_hf_pool(hf_dataset: str, columns: Mapping[str, str], split: str = "train",
@@ -268,7 +128,7 @@ def load_hf_pool(hf_dataset: str, columns: Mapping[str, str], split: str = "trai
                 msgs.insert(0, {"role": "system", "content": row[cols["system"]]})
         rid = str(row[cols["id"]]) if "id" in cols else f"{id_prefix}-{i:05d}"
         rec = validate_example({"id": rid, "messages": msgs, "source": hf_dataset}, where, i + 1)
-        _check_unique(ids, rid, where, i + 1)
+        check_unique(ids, rid, where, i + 1)
         records.append(rec)
         if "label" in cols:
             labels.append(str(row[cols["label"]]))

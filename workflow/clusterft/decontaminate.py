@@ -132,7 +132,7 @@ def run_decontaminate(dataset: str, raw_pool: str | os.PathLike,
     `cfg`: `action`, `max_overlap` (DEFAULTS) and the overlap-check keys of
     `clusterft.pools.OVERLAP_DEFAULTS` (the dataset's own, if it sets them).
     """
-    from .data import load_pool, write_pool
+    from .pool import load_pool, write_pool
 
     cfg = dict(cfg or {})
     unknown = set(cfg) - set(DEFAULTS) - set(OVERLAP_DEFAULTS)

@@ -1,4 +1,5 @@
-"""Tokenizer and small Llama base models: train, build, pretrain briefly, save, resolve.
+"""The tokenizer and base_model stages: train a tokenizer, build small Llama base models and
+pretrain them briefly (clusterft.pretrain), or take a local or hub model.
 
 Two sizes stand in for the paper's 7B/13B models: ``small`` (~0.5–1M parameters) and
 ``large`` (~2–5M). Both share one byte-level BPE tokenizer trained on the general corpus.
@@ -6,20 +7,19 @@ Two sizes stand in for the paper's 7B/13B models: ``small`` (~0.5–1M parameter
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import re
 import time
-import warnings
 from pathlib import Path
 from typing import Iterable
 
-import numpy as np
 
-from . import hardware
 from .errors import InputError
+from .hf import load_tokenizer, resolve_model, save_model_dir
 from .io import atomic_path, set_offline_env, write_json
+from .pretrain import DEFAULTS as PRETRAIN_DEFAULTS
+from .pretrain import pretrain
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 SPECIAL_TOKENS = [BOS, EOS, PAD]
@@ -38,35 +38,9 @@ DEFAULTS: dict = {
                   "num_attention_heads": 8, "num_key_value_heads": 8,
                   "max_position_embeddings": 512},
     },
-    # Brief causal-LM pretraining on the general corpus (a model section's `pretrain`
-    # overrides these per model).
-    "pretrain": {
-        # Optimiser steps (the time knob: about linear in wall time).
-        "steps": 300,
-        # Tokens per packed training block.
-        "block_size": 128,
-        # Blocks per optimiser step.
-        "batch_size": 16,
-        # Peak AdamW learning rate.
-        "lr": 3.0e-3,
-        # AdamW weight decay.
-        "weight_decay": 0.01,
-        # Linear warm-up steps before the decay.
-        "warmup_steps": 20,
-        # Decay after warm-up: cosine or linear (to 10% of lr).
-        "schedule": "cosine",
-        # Gradient-norm clip (0 disables).
-        "grad_clip": 1.0,
-        # Torch intra-op threads (0 = leave torch's default).
-        "num_threads": 0,
-        # auto | bf16 | fp32: bf16 autocasts matmuls (weights and optimiser stay float32);
-        # auto = bf16 on a CUDA GPU with bf16, fp32 on every CPU (CPUs without native bf16
-        # emulate it, much slower: clusterft.models.resolve_precision). The precision used
-        # goes to pretrain_metrics.json.
-        "precision": "auto",
-        # Fraction of blocks held out to report a validation loss (0 disables).
-        "val_fraction": 0.02,
-    },
+    # Brief causal-LM pretraining on the general corpus (keys in clusterft.pretrain; a
+    # model section's `pretrain` overrides them per model).
+    "pretrain": PRETRAIN_DEFAULTS,
     # Allow `resolve_model` to fall back to a Hugging Face hub id (needs network).
     "allow_downloads": False,
 }
@@ -109,21 +83,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
         with atomic_path(out_dir, is_dir=True) as tmp:
             hf.save_pretrained(str(tmp))
     return hf
-
-
-def load_tokenizer(path: str | os.PathLike):
-    """Load a saved tokenizer dir offline and check its special tokens."""
-    set_offline_env()
-    from transformers import AutoTokenizer
-
-    p = Path(path)
-    if not p.is_dir():
-        raise InputError("tokenizer directory does not exist", path=str(p))
-    tok = AutoTokenizer.from_pretrained(str(p))
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if getattr(tok, name) is None:
-            raise InputError(f"tokenizer has no {name.removesuffix('_id')}", path=str(p))
-    return tok
 
 
 def read_corpus(path: str | os.PathLike) -> list[str]:
@@ -224,159 +183,11 @@ def count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def save_model(model, tokenizer, out_dir: str | os.PathLike) -> None:
-    """Save model + tokenizer as one HF dir, atomically."""
+def save_model(model, tokenizer, out_dir: str | os.PathLike, extra=None) -> None:
+    """Save a built model + tokenizer as one HF dir, atomically, the tokenizer's
+    model_max_length set to the model's context."""
     tokenizer.model_max_length = int(model.config.max_position_embeddings)
-    with atomic_path(out_dir, is_dir=True) as tmp:
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-
-
-# --------------------------------------------------------------------------- pretraining
-
-def pack_blocks(tokenizer, texts: Iterable[str], block_size: int) -> "np.ndarray":
-    """Tokenize documents as ``<s> doc </s>``, concatenate, and cut into full blocks."""
-    texts = list(texts)
-    ids: list[int] = []
-    enc = tokenizer(texts, add_special_tokens=True)["input_ids"]
-    for row in enc:
-        ids.extend(row)
-        ids.append(tokenizer.eos_token_id)
-    n = len(ids) // block_size
-    if n == 0:
-        raise InputError(f"corpus has {len(ids)} tokens, fewer than one block of {block_size}",
-                         field="pretrain.block_size")
-    return np.asarray(ids[: n * block_size], dtype=np.int64).reshape(n, block_size)
-
-
-def lr_lambda(schedule: str, warmup: int, total: int, floor: float = 0.1):
-    """Multiplier of the peak lr at a step: linear warm-up then cosine/linear decay to floor."""
-    if schedule not in ("cosine", "linear", "constant"):
-        raise InputError(f"unknown schedule '{schedule}' (cosine|linear|constant)", field="schedule")
-
-    def f(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant" or total <= warmup:
-            return 1.0
-        frac = min(1.0, (step - warmup) / max(1, total - warmup))
-        if schedule == "linear":
-            return floor + (1 - floor) * (1 - frac)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac))
-
-    return f
-
-
-PRECISIONS = ("auto", "bf16", "fp32")
-
-
-def native_bf16(device) -> bool:
-    """Whether ``device`` computes bfloat16 matmuls natively (CUDA with bf16, or a CPU with
-    AVX512-BF16 or AMX, not capped below them: `clusterft.hardware`); elsewhere bf16
-    autocast is emulated and slower than fp32."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    if device.type == "cpu":
-        known = hardware.native_bf16_cpu()
-        if known is not None:
-            return known
-        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-        return any(bool(getattr(torch.cpu, f, lambda: False)()) for f in probes)
-    return False
-
-
-def resolve_precision(precision: str, device, field: str = "precision") -> str:
-    """``auto`` -> ``bf16`` on a CUDA device with bf16, else ``fp32``; checks the name.
-
-    ``bf16`` means autocast: matmuls run in bfloat16 while the weights, the optimiser state
-    and the loss stay float32 (the usual mixed-precision recipe). ``auto`` keeps fp32 on
-    every CPU: emulated bf16 (CPUs without AVX512-BF16/AMX) is about 10x slower than fp32,
-    native bf16 pays off only for some shapes (oneDNN builds its kernels per matrix shape),
-    and a default in bf16 on some CPUs and fp32 on others would add a precision difference to
-    the float-kernel differences machines already have. An explicit ``bf16`` on a CPU that emulates it warns (on stderr, so in
-    the rule's log) and runs as asked.
-    """
-    if precision not in PRECISIONS:
-        raise InputError(f"unknown precision '{precision}' ({'|'.join(PRECISIONS)})", field=field)
-    import torch
-
-    device = torch.device(device)
-    if precision == "auto":
-        return "bf16" if device.type == "cuda" and native_bf16(device) else "fp32"
-    if precision == "bf16" and device.type == "cpu" and not native_bf16(device):
-        warnings.warn(hardware.emulated_bf16_message(field), stacklevel=2)
-    return precision
-
-
-def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -> dict:
-    """Briefly pretrain ``model`` in place as a causal LM on packed blocks; return metrics."""
-    import torch
-
-    from .pace import Pace
-
-    cfg = {**DEFAULTS["pretrain"], **(cfg or {})}
-    if cfg["num_threads"]:
-        torch.set_num_threads(int(cfg["num_threads"]))
-    block = int(cfg["block_size"])
-    if block > model.config.max_position_embeddings:
-        raise InputError(f"block_size {block} exceeds max_position_embeddings "
-                         f"{model.config.max_position_embeddings}", field="pretrain.block_size")
-    blocks = pack_blocks(tokenizer, texts, block)
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(blocks))
-    n_val = int(len(blocks) * float(cfg["val_fraction"]))
-    n_val = min(n_val, 64)
-    val, train = blocks[perm[:n_val]], blocks[perm[n_val:]]
-    if len(train) == 0:
-        raise InputError("no training blocks left after the validation split", field="pretrain.val_fraction")
-    steps, bs = int(cfg["steps"]), int(cfg["batch_size"])
-    precision = resolve_precision(cfg["precision"], model.device, field="pretrain.precision")
-    torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=float(cfg["lr"]),
-                            weight_decay=float(cfg["weight_decay"]), betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lr_lambda(cfg["schedule"], int(cfg["warmup_steps"]), steps))
-    data = torch.from_numpy(train)
-    model.train()
-    losses: list[float] = []
-    t0 = time.perf_counter()
-    order = rng.permutation(len(train))
-    pos = 0
-    with Pace(steps, f"pretrain ({precision})", disable=steps < 2) as pace:
-        for _step in range(steps):
-            if pos + bs > len(order):
-                order, pos = rng.permutation(len(train)), 0
-            idx = torch.from_numpy(order[pos:pos + bs]) if bs <= len(order) else torch.from_numpy(order)
-            pos += bs
-            batch = data[idx]
-            with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                out = model(input_ids=batch, labels=batch)
-            out.loss.backward()
-            if cfg["grad_clip"]:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["grad_clip"]))
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(float(out.loss.detach()))
-            pace.update()
-    seconds = time.perf_counter() - t0
-    model.eval()
-    val_loss = None
-    if len(val):
-        with torch.no_grad():
-            vb = torch.from_numpy(val)
-            val_loss = float(np.mean([float(model(input_ids=vb[i:i + bs], labels=vb[i:i + bs]).loss)
-                                      for i in range(0, len(vb), bs)]))
-    k = max(1, steps // 20)
-    return {"steps": steps, "blocks": int(len(train)), "val_blocks": int(n_val),
-            "tokens_seen": steps * bs * block, "train_seconds": round(seconds, 2),
-            "first_loss": losses[0] if losses else None,
-            "final_loss": float(np.mean(losses[-k:])) if losses else None,
-            "val_loss": val_loss, "loss_curve": [round(x, 4) for x in losses[::k]],
-            "precision": precision, "hardware": hardware.describe()}
+    save_model_dir(model, tokenizer, out_dir, extra)
 
 
 def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, size_cfg: dict,
@@ -394,38 +205,17 @@ def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, 
     model = build_model(tok, size_cfg, seed)
     docs = read_corpus(corpus)
     metrics = pretrain(model, tok, docs, pretrain_cfg, seed) if int((pretrain_cfg or {}).get(
-        "steps", DEFAULTS["pretrain"]["steps"])) > 0 else {"steps": 0}
+        "steps", PRETRAIN_DEFAULTS["steps"])) > 0 else {"steps": 0}
     metrics["params"] = count_params(model)
     metrics["size"] = dict(size_cfg)
     metrics["torch_threads"] = torch.get_num_threads()
-    tok.model_max_length = int(model.config.max_position_embeddings)
-    with atomic_path(out_dir, is_dir=True) as tmp:
-        model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
+
+    def add_metrics(tmp: Path) -> None:
         metrics["total_seconds"] = round(time.perf_counter() - t0, 2)
-        write_json(Path(tmp) / "pretrain_metrics.json", metrics)
+        write_json(tmp / "pretrain_metrics.json", metrics)
+
+    save_model(model, tok, out_dir, extra=add_metrics)
     return metrics
-
-
-def resolve_model(spec: str, allow_downloads: bool = False, field: str = "model",
-                  need_config: bool = True) -> str:
-    """Return a local model dir for ``spec``, or the hub id itself when downloads are allowed.
-
-    Raises InputError naming ``field`` if ``spec`` is neither an existing dir nor usable.
-    """
-    if not spec:
-        raise InputError("no model given", field=field)
-    p = Path(spec).expanduser()
-    if p.exists():
-        if need_config and not (p / "config.json").exists():
-            raise InputError(f"'{spec}' exists but holds no config.json (not an HF model dir)",
-                             path=str(p), field=field)
-        return str(p)
-    if allow_downloads and re.fullmatch(r"[\w.\-]+(/[\w.\-]+)?", spec):
-        return spec
-    raise InputError(f"model '{spec}' is not a local directory, and hub downloads are off "
-                     "(set allow_downloads: true to fetch hub ids, or point it at a local model dir)",
-                     field=field)
 
 
 def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model_cfg: dict,
@@ -435,7 +225,7 @@ def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model
 
     - ``build`` (default): ``size`` (a dict of LlamaConfig fields, or a name in
       DEFAULTS['sizes']; default: ``name`` if it is one) + ``pretrain`` (merged over
-      DEFAULTS['pretrain']) -> :func:`run_base_model`.
+      clusterft.pretrain.DEFAULTS) -> :func:`run_base_model`.
     - ``hub``: ``hub_id`` downloaded (only with allow_downloads) and saved to out_dir.
     - ``path``: an existing local HF model dir, copied to out_dir.
     """
@@ -449,7 +239,7 @@ def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model
     if source == "build":
         size = model_cfg.get("size", name)
         size_cfg = size_config(size)
-        pcfg = {**DEFAULTS["pretrain"], **(model_cfg.get("pretrain") or {})}
+        pcfg = {**PRETRAIN_DEFAULTS, **(model_cfg.get("pretrain") or {})}
         return run_base_model(tokenizer_dir, corpus, size_cfg, pcfg, out_dir, seed)
     if source not in ("hub", "path"):
         raise InputError(f"unknown source '{source}' (build|hub|path)", field=f"models.{name}.source")

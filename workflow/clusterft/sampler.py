@@ -539,3 +539,25 @@ class ClusterBalancedSampler(torch.utils.data.Sampler[int]):
 
     def __len__(self) -> int:
         return self.steps_per_epoch * self.batch_size
+
+
+def make_sampler(distribution: str, clusters: np.ndarray, lengths: np.ndarray, world_size: int,
+                 rank: int, batch_size: int, seed: int, drop_last: bool):
+    """The per-rank sampler of a ``distribution``: ``random`` is torch's
+    ``DistributedSampler(shuffle=True)``, ``balanced`` is :class:`ClusterBalancedSampler`."""
+    if distribution == "random":
+        from torch.utils.data.distributed import DistributedSampler
+
+        return DistributedSampler(range(len(lengths)), num_replicas=world_size, rank=rank,
+                                  shuffle=True, seed=seed, drop_last=drop_last)
+    if distribution == "balanced":
+        return ClusterBalancedSampler(clusters, lengths, num_replicas=world_size, rank=rank,
+                                      batch_size=batch_size, seed=seed, drop_last=drop_last)
+    raise ValueError(f"unknown distribution '{distribution}'")
+
+
+def epoch_batches(sampler, epoch: int, batch_size: int) -> list[list[int]]:
+    """This rank's batches of one epoch, in step order (no DataLoader: nothing touches RNG)."""
+    sampler.set_epoch(epoch)
+    idx = list(sampler)
+    return [idx[i:i + batch_size] for i in range(0, len(idx), batch_size)]

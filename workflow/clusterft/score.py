@@ -2,8 +2,8 @@
 
 Pipeline (``compute_features``):
 
-1. **LoRA** (peft) adapters are added to the base model (``lora_r``, ``lora_alpha``,
-   ``lora_dropout``, ``target_modules``), initialised from ``seed``.
+1. **LoRA** (peft) adapters are added to the base model (the ``lora`` section:
+   ``r``, ``alpha``, ``dropout``, ``target_modules``), initialised from ``seed``.
 2. **Warm-up** (as in LESS): the adapters are trained with AdamW on a seeded random
    ``warmup_fraction`` of the pool for ``warmup_steps`` optimiser steps (or
    ``warmup_epochs`` passes over that subset). Without it every ``lora_B`` is zero, so the
@@ -40,6 +40,7 @@ grad_norm) out.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -48,8 +49,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import lora
 from .config import merge_section
+from .distributed import resolve_device
 from .errors import InputError
+from .lora import DEFAULTS as LORA_DEFAULTS
+from .pool import load_pool
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +67,9 @@ DEFAULTS: dict = {
     # Examples are tokenised like training and truncated to this many tokens (response
     # cut at the right first; see clusterft.tokenize). Every example keeps >= 1 loss token.
     "max_length": 256,
-    # LoRA rank.
-    "lora_r": 8,
-    # LoRA alpha (the adapter output is scaled by alpha / r).
-    "lora_alpha": 16,
-    # LoRA dropout during warm-up (gradients are computed in eval mode, without dropout).
-    "lora_dropout": 0.05,
-    # Module names that get LoRA adapters (Llama attention projections, as in LESS).
-    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    # LoRA adapters whose gradients are the features (keys in clusterft.lora; their
+    # dropout acts during the warm-up only: gradients are computed in eval mode).
+    "lora": copy.deepcopy(LORA_DEFAULTS),
     # Fraction of the pool (seeded random sample) the warm-up trains on (LESS: 5%).
     "warmup_fraction": 0.05,
     # Warm-up optimiser steps; null means use warmup_epochs instead. 0 disables warm-up.
@@ -117,7 +117,7 @@ def merge_cfg(cfg: dict | None) -> dict:
         if out[key] not in valid:
             raise InputError(f"unknown value '{out[key]}'; valid: {', '.join(map(str, valid))}",
                              field=f"score.{key}")
-    for key in ("dim", "batch_size", "max_length", "lora_r"):
+    for key in ("dim", "batch_size", "max_length"):
         if int(out[key]) < 1:
             raise InputError(f"must be >= 1, got {out[key]}", field=f"score.{key}")
     if not 0 < float(out["warmup_fraction"]) <= 1:
@@ -128,32 +128,11 @@ def merge_cfg(cfg: dict | None) -> dict:
                          field="score.warmup_steps")
     if out["warmup_steps"] is None and float(out["warmup_epochs"]) < 0:
         raise InputError(f"must be >= 0, got {out['warmup_epochs']}", field="score.warmup_epochs")
-    if not out["target_modules"]:
-        raise InputError("needs at least one module name", field="score.target_modules")
+    lora.check(out["lora"], "score.lora")
     return out
 
 
 # --------------------------------------------------------------------------- LoRA + warm-up
-
-def add_lora(model, cfg: dict, seed: int = 0):
-    """Wrap ``model`` with fresh peft LoRA adapters (seeded init); only they require grad."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    cfg = merge_cfg(cfg)
-    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-    missing = [t for t in cfg["target_modules"] if t not in names]
-    if missing:
-        raise InputError(f"model has no module named {missing}; e.g. {sorted(names)[:12]}",
-                         field="score.target_modules")
-    lcfg = LoraConfig(r=int(cfg["lora_r"]), lora_alpha=float(cfg["lora_alpha"]),
-                      lora_dropout=float(cfg["lora_dropout"]),
-                      target_modules=list(cfg["target_modules"]), bias="none")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        peft_model = get_peft_model(model, lcfg)
-    return peft_model
-
 
 def lora_parameters(model) -> list[tuple[str, Any]]:
     """Trainable parameters in ``named_parameters`` order (the feature flattening order).
@@ -162,7 +141,7 @@ def lora_parameters(model) -> list[tuple[str, Any]]:
     """
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not params:
-        raise InputError("model has no trainable (LoRA) parameters", field="score.target_modules")
+        raise InputError("model has no trainable (LoRA) parameters", field="score.lora.target_modules")
     other = [n for n, _ in params if "lora_" not in n]
     if other:
         raise InputError(f"non-LoRA parameters require grad: {other[:5]}", field="score")
@@ -185,6 +164,7 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
     """
     import torch
 
+    from .optim import adamw
     from .pace import Pace
     from .tokenize import collate
 
@@ -200,11 +180,9 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
     if steps == 0:
         return out
     device = params[0][1].device
-    opt = torch.optim.AdamW([p for _, p in params], lr=float(cfg["warmup_lr"]),
-                            betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0.0)
-    ramp = max(1, round(0.03 * steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / ramp if s < ramp else max(0.0, (steps - s) / max(1, steps - ramp)))
+    opt, sched = adamw([p for _, p in params], lr=cfg["warmup_lr"], weight_decay=0.0,
+                       betas=ADAM_BETAS, eps=ADAM_EPS, schedule="linear",
+                       warmup=max(1, round(0.03 * steps)), total=steps, floor=0.0)
     bs = min(int(cfg["batch_size"]), n_sub)
     order, pos = rng.permutation(subset), 0
     model.train()
@@ -444,16 +422,6 @@ def pool_scores(features: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- features
 
-def _device(spec: str) -> str:
-    import torch
-
-    if spec == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device '{spec}' requested but CUDA is not available", field="score.device")
-    return spec
-
-
 def compute_features_info(model, tokenizer, examples: Sequence[dict], cfg: dict | None,
                           seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """``compute_features`` plus an info dict (warm-up losses, timings, truncation count)."""
@@ -476,7 +444,7 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
     from .pace import Pace
     from .tokenize import collate, encode_example
 
-    device = _device(str(cfg["device"]))
+    device = resolve_device(cfg["device"], "score.device")
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
         raise InputError("tokenizer has no pad token", field="model")
@@ -503,7 +471,7 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
     try:
         for p in model.parameters():
             p.requires_grad_(False)
-        pmodel = add_lora(model, cfg, seed)
+        pmodel = lora.add_lora(model, cfg["lora"], "score.lora", seed)
         info = warmup_lora(pmodel, encoded, cfg, seed, pad_id)
         t_warm = time.perf_counter() - t0
         if cfg["gradient_type"] == "adam" and info["exp_avg"] is None:
@@ -563,27 +531,6 @@ def compute_features(model, tokenizer, examples: Sequence[dict], cfg: dict | Non
     return features, scores, norms
 
 
-def read_pool(path: str | os.PathLike) -> list[dict]:
-    """Read pool.jsonl and check each record has a unique string id and messages."""
-    from .io import read_jsonl
-    from .tokenize import check_messages
-
-    records = read_jsonl(path)
-    if not records:
-        raise InputError("pool is empty", path=str(path))
-    seen: dict[str, int] = {}
-    for line, rec in enumerate(records, start=1):
-        rid = rec.get("id")
-        if not isinstance(rid, str) or not rid:
-            raise InputError("missing or non-string id", path=str(path), line=line, field="id")
-        if rid in seen:
-            raise InputError(f"duplicate id '{rid}' (first on line {seen[rid]})", path=str(path),
-                             line=line, field="id")
-        seen[rid] = line
-        check_messages(rec.get("messages"), where=str(path), line=line)
-    return records
-
-
 def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict | None,
               out_features: str | os.PathLike, out_scores: str | os.PathLike, seed: int = 0,
               threads: int | None = None, length_policy: dict | None = None) -> dict:
@@ -597,30 +544,25 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
     """
     import pandas as pd
     import torch
-    from transformers import AutoModelForCausalLM
 
+    from .hf import load_causal_lm, load_tokenizer, resolve_model
     from .io import save_npy, set_offline_env, write_parquet
-    from .models import load_tokenizer, resolve_model
+    from .tokenize import LENGTH_POLICY, check_length_policy
 
     set_offline_env()
     cfg = merge_cfg(cfg)
     if threads and not cfg["num_threads"]:
         torch.set_num_threads(int(threads))
-    records = read_pool(pool)
+    records = load_pool(pool)
     path = resolve_model(str(model_dir), field="score model")
     tok = load_tokenizer(path)
     if length_policy is not None:
-        from .tokenize import check_length_policy
-        from .train import DEFAULTS as TRAIN_DEFAULTS
-
-        length_policy = {k: length_policy.get(k, TRAIN_DEFAULTS[k])
-                         for k in ("max_length", "truncation")}
-        counts = check_length_policy(tok, records, int(length_policy["max_length"]),
-                                     str(length_policy["truncation"]), str(pool))
+        policy = {**LENGTH_POLICY, **length_policy}
+        counts = check_length_policy(tok, records, int(policy["max_length"]),
+                                     str(policy["truncation"]), str(pool))
         log.info("train length check: %d of %d examples longer than max_length = %s (%s)",
-                 counts["too_long"], counts["n"], length_policy["max_length"],
-                 length_policy["truncation"])
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+                 counts["too_long"], counts["n"], policy["max_length"], policy["truncation"])
+    model = load_causal_lm(path)
     features, scores, norms, info = compute_features_info(model, tok, records, cfg, seed)
     save_npy(out_features, features)
     write_parquet(out_scores, pd.DataFrame({"id": [r["id"] for r in records],

@@ -16,15 +16,19 @@ Truncation policy when the example is longer than ``max_length``:
 
 from __future__ import annotations
 
-from typing import Sequence
-
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 from .errors import InputError
 from .prompt import render_example
 
+if TYPE_CHECKING:  # torch loads lazily: the workflow imports the names here at parse time
+    import torch
+
 IGNORE_INDEX = -100
 POLICIES = ("truncate", "reject", "error")
+# What train applies to over-long examples unless configured (train.DEFAULTS takes these;
+# score checks the pool against them first).
+LENGTH_POLICY = {"max_length": 256, "truncation": "truncate"}
 
 
 def check_messages(messages, where: str | None = None, line: int | None = None) -> None:
@@ -136,6 +140,8 @@ class Collator:
         self.multiple = max(1, int(pad_to_multiple_of))
 
     def __call__(self, batch: Sequence[dict]) -> dict[str, torch.Tensor]:
+        import torch
+
         n = round_up(max(len(b["input_ids"]) for b in batch), self.multiple)
         ids = torch.full((len(batch), n), self.pad_id, dtype=torch.long)
         labels = torch.full((len(batch), n), IGNORE_INDEX, dtype=torch.long)

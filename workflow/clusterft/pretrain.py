@@ -1,0 +1,125 @@
+"""Brief causal-LM pretraining of a freshly built model on packed blocks of the corpus."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import numpy as np
+
+from . import hardware
+from .errors import InputError
+from .optim import adamw
+from .precision import autocast, resolve_precision
+
+DEFAULTS: dict = {
+    # Optimiser steps (the time knob: about linear in wall time).
+    "steps": 300,
+    # Tokens per packed training block.
+    "block_size": 128,
+    # Blocks per optimiser step.
+    "batch_size": 16,
+    # Peak AdamW learning rate.
+    "lr": 3.0e-3,
+    # AdamW weight decay.
+    "weight_decay": 0.01,
+    # Linear warm-up steps before the decay.
+    "warmup_steps": 20,
+    # Decay after warm-up: cosine or linear (to 10% of lr).
+    "schedule": "cosine",
+    # Gradient-norm clip (0 disables).
+    "grad_clip": 1.0,
+    # Torch intra-op threads (0 = leave torch's default).
+    "num_threads": 0,
+    # auto | bf16 | fp32: bf16 autocasts matmuls (weights and optimiser stay float32);
+    # auto = bf16 on a CUDA GPU with bf16, fp32 on every CPU (CPUs without native bf16
+    # emulate it, much slower: clusterft.precision). The precision used
+    # goes to pretrain_metrics.json.
+    "precision": "auto",
+    # Fraction of blocks held out to report a validation loss (0 disables).
+    "val_fraction": 0.02,
+}
+
+
+def pack_blocks(tokenizer, texts: Iterable[str], block_size: int) -> "np.ndarray":
+    """Tokenize documents as ``<s> doc </s>``, concatenate, and cut into full blocks."""
+    texts = list(texts)
+    ids: list[int] = []
+    enc = tokenizer(texts, add_special_tokens=True)["input_ids"]
+    for row in enc:
+        ids.extend(row)
+        ids.append(tokenizer.eos_token_id)
+    n = len(ids) // block_size
+    if n == 0:
+        raise InputError(f"corpus has {len(ids)} tokens, fewer than one block of {block_size}",
+                         field="pretrain.block_size")
+    return np.asarray(ids[: n * block_size], dtype=np.int64).reshape(n, block_size)
+
+
+def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -> dict:
+    """Briefly pretrain ``model`` in place as a causal LM on packed blocks; return metrics."""
+    import torch
+
+    from .pace import Pace
+
+    cfg = {**DEFAULTS, **(cfg or {})}
+    if cfg["num_threads"]:
+        torch.set_num_threads(int(cfg["num_threads"]))
+    block = int(cfg["block_size"])
+    if block > model.config.max_position_embeddings:
+        raise InputError(f"block_size {block} exceeds max_position_embeddings "
+                         f"{model.config.max_position_embeddings}", field="pretrain.block_size")
+    blocks = pack_blocks(tokenizer, texts, block)
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(blocks))
+    n_val = int(len(blocks) * float(cfg["val_fraction"]))
+    n_val = min(n_val, 64)
+    val, train = blocks[perm[:n_val]], blocks[perm[n_val:]]
+    if len(train) == 0:
+        raise InputError("no training blocks left after the validation split", field="pretrain.val_fraction")
+    steps, bs = int(cfg["steps"]), int(cfg["batch_size"])
+    precision = resolve_precision(cfg["precision"], model.device, field="pretrain.precision")
+    torch.manual_seed(seed)
+    opt, sched = adamw(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"],
+                       betas=(0.9, 0.95), schedule=cfg["schedule"], warmup=cfg["warmup_steps"],
+                       total=steps, field="pretrain.schedule")
+    data = torch.from_numpy(train)
+    model.train()
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    order = rng.permutation(len(train))
+    pos = 0
+    with Pace(steps, f"pretrain ({precision})", disable=steps < 2) as pace:
+        for _step in range(steps):
+            if pos + bs > len(order):
+                order, pos = rng.permutation(len(train)), 0
+            idx = torch.from_numpy(order[pos:pos + bs]) if bs <= len(order) else torch.from_numpy(order)
+            pos += bs
+            batch = data[idx]
+            with autocast(model.device, precision):
+                out = model(input_ids=batch, labels=batch)
+            out.loss.backward()
+            if cfg["grad_clip"]:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["grad_clip"]))
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(out.loss.detach()))
+            pace.update()
+    seconds = time.perf_counter() - t0
+    model.eval()
+    val_loss = None
+    if len(val):
+        with torch.no_grad():
+            vb = torch.from_numpy(val)
+            val_loss = float(np.mean([float(model(input_ids=vb[i:i + bs], labels=vb[i:i + bs]).loss)
+                                      for i in range(0, len(vb), bs)]))
+    k = max(1, steps // 20)
+    return {"steps": steps, "blocks": int(len(train)), "val_blocks": int(n_val),
+            "tokens_seen": steps * bs * block, "train_seconds": round(seconds, 2),
+            "first_loss": losses[0] if losses else None,
+            "final_loss": float(np.mean(losses[-k:])) if losses else None,
+            "val_loss": val_loss, "loss_curve": [round(x, 4) for x in losses[::k]],
+            "precision": precision, "hardware": hardware.describe()}
+
+
