@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from clusterft.config import TRUNCATION, load_config
+from clusterft.config import load_config
 from clusterft.pool import load_pool
 from clusterft.decontaminate import run_decontaminate
 from clusterft.errors import InputError
@@ -81,10 +81,6 @@ def test_missing_pool_file() -> None:
 
 
 # ------------------------------------------------------------------ examples too long
-
-def test_config_and_tokenizer_agree_on_policies() -> None:
-    assert TRUNCATION == POLICIES == ("truncate", "reject", "error")
-
 
 def _train(tmp_path, model_dir, name: str, truncation: str, max_length: int = 48):
     from clusterft.train import run_train

@@ -16,7 +16,7 @@ import torch
 
 from clusterft.errors import InputError
 from clusterft.io import write_parquet
-from clusterft.config import parse_section_arg
+from clusterft.sections import parse_section_arg
 from clusterft.train import run_train, train_config
 
 BASE_CFG = {"batch_size": 4, "epochs": 1, "max_length": 64, "lr": 3e-3, "log_every": 1}

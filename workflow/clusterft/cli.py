@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import TRUNCATION
+from .names import METHODS
+from .tokenize import POLICIES
 from .errors import InputError
 from .runtime import freeze_for_exit
 
@@ -156,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dim", type=int)
     s.add_argument("--train-max-length", type=int,
                    help="check the pool against train's max_length first (with --truncation)")
-    s.add_argument("--truncation", choices=TRUNCATION,
+    s.add_argument("--truncation", choices=POLICIES,
                    help="train's policy for over-long examples; 'error'/'reject' fail here early")
     s.add_argument("--out-features", required=True)
     s.add_argument("--out-scores", required=True)
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = stage("select", _select, "budgeted selection: full | random | cluster")
     s.add_argument("--clusters", required=True)
     s.add_argument("--scores", required=True)
-    s.add_argument("--method", required=True, choices=["full", "random", "cluster"])
+    s.add_argument("--method", required=True, choices=METHODS)
     s.add_argument("--budget", type=float, default=1.0)
     s.add_argument("--out-selection", required=True)
     s.add_argument("--out-summary", required=True)

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from .config import merge_section
+from .sections import merge_section
 from .errors import InputError
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,6 @@ defined, cluster counts against pool sizes), before any expensive stage starts.
 
 from __future__ import annotations
 
-import copy
 import re
 import warnings
 from pathlib import Path
@@ -17,12 +16,10 @@ import yaml
 
 from .errors import InputError
 from .hardware import cuda_visible, emulated_bf16_message, native_bf16_cpu
+from .names import DISTRIBUTIONS, METHODS
+from .tokenize import POLICIES
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
-METHODS = ("full", "random", "cluster")
-DISTRIBUTIONS = ("random", "balanced")
-# clusterft.tokenize.POLICIES (not imported: that pulls in torch at Snakefile parse time).
-TRUNCATION = ("truncate", "reject", "error")
 
 
 def budget_label(budget: float) -> str:
@@ -214,8 +211,8 @@ def check_config(cfg: dict, source: str = "config") -> None:
                                    f"sweep.{key} = {x} GPUs; use a multiple of every GPU count",
                                    source, where)
     trunc = (cfg.get("train") or {}).get("truncation")
-    if trunc is not None and trunc not in TRUNCATION:
-        raise config_error(f"unknown truncation policy '{trunc}'; valid: {', '.join(TRUNCATION)}",
+    if trunc is not None and trunc not in POLICIES:
+        raise config_error(f"unknown truncation policy '{trunc}'; valid: {', '.join(POLICIES)}",
                            source, "train.truncation")
     t_epochs = sweep.get("time", {}).get("epochs")
     acc = sweep.get("accuracy", {})
@@ -273,55 +270,3 @@ def check_config(cfg: dict, source: str = "config") -> None:
                                    "the skills/pycode/icd10 generators, or set "
                                    f"benchmarks.lm_eval_tasks); defined tasks: {', '.join(TASKS)}",
                                    source, f"datasets.{name}")
-
-
-def parse_section_arg(value: str | None, section: str) -> dict:
-    """A stage's ``--config``: a YAML/JSON file path or an inline JSON/YAML mapping.
-
-    A mapping with a ``section`` key (a whole project config) yields that section.
-    """
-    if not value:
-        return {}
-    if Path(value).exists():
-        try:
-            cfg = yaml.safe_load(Path(value).read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise InputError(f"malformed YAML/JSON: {e}", path=value) from e
-    else:
-        try:
-            cfg = yaml.safe_load(value)
-        except yaml.YAMLError as e:
-            raise InputError(f"--config is neither a file nor valid JSON/YAML: {e}") from e
-    if not isinstance(cfg, dict):
-        raise InputError("--config must be a mapping (or a file holding one)")
-    if isinstance(cfg.get(section), dict):
-        cfg = cfg[section]
-    return cfg
-
-
-def merge_section(defaults: dict[str, Any], cfg: dict[str, Any] | None, section: str,
-                  free: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A stage's config section merged over its DEFAULTS (deep copy, nested dicts merged).
-
-    Unknown keys raise InputError naming `section.key` and listing the known ones; nested
-    dicts of DEFAULTS are checked the same way unless their key is in `free` (free-form maps).
-    """
-    cfg = dict(cfg or {})
-    for k, v in cfg.items():
-        if k not in defaults:
-            raise InputError(f"unknown key '{k}'; known keys: "
-                             f"{sorted(defaults)}", field=f"{section}.{k}")
-        if isinstance(defaults[k], dict) and isinstance(v, dict) and k not in free:
-            merge_section(defaults[k], v, f"{section}.{k}")
-    return merged(copy.deepcopy(defaults), cfg)
-
-
-def merged(defaults: dict[str, Any], cfg: dict[str, Any] | None) -> dict[str, Any]:
-    """Recursively merge a config section over a module's DEFAULTS."""
-    out = dict(defaults)
-    for k, v in (cfg or {}).items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = merged(out[k], v)
-        else:
-            out[k] = v
-    return out

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from tqdm import tqdm
 
-from .config import merge_section
+from .sections import merge_section
 from .errors import InputError
 from .io import write_json, write_text
 from .pools import ngrams, stdlib_snapshot, words

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import yaml
 
-from .config import merge_section
+from .sections import merge_section
 from .errors import InputError
 from .io import read_jsonl, set_offline_env, write_json, write_text
 

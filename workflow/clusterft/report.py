@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 
 from .errors import InputError
+from .names import BALANCED, BASE, CLUSTER, FULL, RANDOM, RANDOM_SPLIT
+from .sections import merge_section
 from .io import atomic_path, read_json, write_text
 
 DEFAULTS: dict[str, Any] = {
@@ -29,18 +31,6 @@ DEFAULTS: dict[str, Any] = {
     "claim_budget": 0.31,
     # Largest absolute drop in average accuracy (full minus cluster) still called "near full".
     "near_full_tolerance": 0.02,
-    # Method name of fine-tuning on the whole pool (reference for accuracy and time).
-    "full_method": "full",
-    # Method name of the random-subset baseline.
-    "random_method": "random",
-    # Method name of the gradient-cluster selection.
-    "cluster_method": "cluster",
-    # Method name of the base model evaluated without fine-tuning.
-    "base_method": "base",
-    # Distribution name of the cluster-balanced sampler (time claim).
-    "balanced_distribution": "balanced",
-    # Distribution name of the random (DistributedSampler-like) split (time claim).
-    "random_distribution": "random",
     # Smallest standard error attached to a mean average accuracy, whatever the seeds show:
     # the same run on another CPU (other float kernels) gives another model, and with few
     # seeds the seed standard error can come out near zero by chance. 0.02: the SD of a cell's
@@ -89,12 +79,12 @@ def imbalance(per_rank_tokens_per_step: Any) -> float:
     return float(np.mean(vals)) if vals else float("nan")
 
 
-def _fraction(rec: Mapping[str, Any], i: int, cfg: Mapping[str, Any]) -> float:
+def _fraction(rec: Mapping[str, Any], i: int) -> float:
     method, budget = rec["method"], rec.get("budget")
     if _blank(budget):
-        if method == cfg["full_method"]:
+        if method == FULL:
             return 1.0
-        if method == cfg["base_method"]:
+        if method == BASE:
             return 0.0
         raise InputError("missing budget", path=f"run record {i}", field="budget")
     try:
@@ -111,13 +101,11 @@ def _fraction(rec: Mapping[str, Any], i: int, cfg: Mapping[str, Any]) -> float:
                      "count", path=f"run record {i}", field="budget")
 
 
-def load_runs(runs: Iterable[Mapping[str, Any]], cfg: Mapping[str, Any] | None = None
-              ) -> tuple[pd.DataFrame, list[str]]:
+def load_runs(runs: Iterable[Mapping[str, Any]]) -> tuple[pd.DataFrame, list[str]]:
     """One row per run: keys, fraction, per-task accuracy, average, train metrics.
 
     Returns the frame and the task names (in first-seen order).
     """
-    cfg = {**DEFAULTS, **(cfg or {})}
     rows, tasks = [], []
     for i, rec in enumerate(runs):
         for f in REQUIRED:
@@ -125,7 +113,7 @@ def load_runs(runs: Iterable[Mapping[str, Any]], cfg: Mapping[str, Any] | None =
                 raise InputError("missing field", path=f"run record {i}", field=f)
         row = {k: rec[k] for k in ("dataset", "model", "method")}
         row["seed"] = int(rec["seed"])
-        row["fraction"] = _fraction(rec, i, cfg)
+        row["fraction"] = _fraction(rec, i)
         row["budget"] = row["fraction"] if _blank(rec.get("budget")) else float(rec["budget"])
         row["gpus"] = None if _blank(rec.get("gpus")) else int(rec["gpus"])
         row["distribution"] = None if _blank(rec.get("distribution")) else str(rec["distribution"])
@@ -171,13 +159,12 @@ def load_runs(runs: Iterable[Mapping[str, Any]], cfg: Mapping[str, Any] | None =
 
 
 # ----------------------------------------------------------------------------- tables
-def _method_rank(cfg: Mapping[str, Any]) -> dict[str, int]:
-    order = [cfg["base_method"], cfg["full_method"], cfg["random_method"], cfg["cluster_method"]]
-    return {m: i for i, m in enumerate(order)}
+# Methods in table order (others after them, by name).
+METHOD_RANK = {m: i for i, m in enumerate((BASE, FULL, RANDOM, CLUSTER))}
 
 
-def _sort(df: pd.DataFrame, keys: list[str], cfg: Mapping[str, Any]) -> pd.DataFrame:
-    rank = _method_rank(cfg)
+def _sort(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    rank = METHOD_RANK
     tmp = df.assign(_m=df["method"].map(lambda m: rank.get(m, len(rank))))
     by = [k if k != "method" else "_m" for k in keys]
     if "method" in keys:
@@ -215,15 +202,14 @@ def accuracy_table(df: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any] | 
     # Every precision the group's runs trained in: a mix shows as "bf16+fp32", never silently.
     out["precision"] = ev.groupby(keys, dropna=False)["precision"].agg(
         lambda p: "+".join(sorted(set(p))))
-    return _sort(out.reset_index(), KEY_ACC, cfg)
+    return _sort(out.reset_index(), KEY_ACC)
 
 
-def time_table(df: pd.DataFrame, cfg: Mapping[str, Any] | None = None) -> pd.DataFrame:
+def time_table(df: pd.DataFrame) -> pd.DataFrame:
     """dataset x model x gpus x distribution x method x budget x epochs x precision: train
     time, tokens, imbalance, and the ratio to the full-data run with the same GPUs,
     distribution, epochs and precision (runs of other epoch counts or precisions are never
     each other's reference)."""
-    cfg = {**DEFAULTS, **(cfg or {})}
     tr = df[df["wall_time_s"].notna()].copy()
     if tr.empty:
         return pd.DataFrame(columns=KEY_TIME + ["fraction", "epochs", "precision", "n_seeds",
@@ -241,11 +227,11 @@ def time_table(df: pd.DataFrame, cfg: Mapping[str, Any] | None = None) -> pd.Dat
         "imbalance_mean": g["imbalance"].mean(),
     }).reset_index()
     ref_keys = ["dataset", "model", "gpus", "distribution", "epochs", "precision"]
-    full = out[out["method"] == cfg["full_method"]].groupby(ref_keys)["wall_time_s_mean"].mean()
+    full = out[out["method"] == FULL].groupby(ref_keys)["wall_time_s_mean"].mean()
     full = full.rename("_full").reset_index()
     out = out.merge(full, on=ref_keys, how="left")
     out["ratio_to_full"] = out["wall_time_s_mean"] / out.pop("_full")
-    return _sort(out, KEY_TIME, cfg)
+    return _sort(out, KEY_TIME)
 
 
 # ----------------------------------------------------------------------------- markdown
@@ -339,10 +325,10 @@ def plot_accuracy(acc: pd.DataFrame, dataset: str, tasks: list[str], task_specs:
         for method, g in m.groupby("method", sort=False):
             g = g.sort_values("fraction")
             yerr = g["average_std"].fillna(0).to_numpy()
-            if method == cfg["full_method"]:
+            if method == FULL:
                 ax.axhline(g["average_mean"].iloc[-1], color="black", ls="--",
                            label=f"full ({g['average_mean'].iloc[-1]:.3f})")
-            elif method == cfg["base_method"]:
+            elif method == BASE:
                 ax.axhline(g["average_mean"].iloc[0], color="gray", ls=":",
                            label=f"base ({g['average_mean'].iloc[0]:.3f})")
             else:
@@ -373,7 +359,7 @@ def plot_time(tt: pd.DataFrame, dataset: str, cfg: Mapping[str, Any],
     colors = {}
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, model in zip(axes[0], models):
-        m = _sort(d[d["model"] == model], ["gpus", "distribution", "method", "fraction"], cfg)
+        m = _sort(d[d["model"] == model], ["gpus", "distribution", "method", "fraction"])
         several = d["epochs"].nunique() > 1
         labels = [f"{r.method} {r.fraction:.0%}\n{r.gpus} GPU {r.distribution}"
                   + (f"\n{r.epochs} ep" if several else "") for r in m.itertuples()]
@@ -425,9 +411,9 @@ def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
     b = float(cfg["claim_budget"])
     pct = f"{b:.0%}"
     a = acc[(acc["dataset"] == dataset) & (acc["model"] == model)]
-    full = _row(a, cfg["full_method"], 1.0)
-    clu = _row(a, cfg["cluster_method"], b)
-    rnd = _row(a, cfg["random_method"], b)
+    full = _row(a, FULL, 1.0)
+    clu = _row(a, CLUSTER, b)
+    rnd = _row(a, RANDOM, b)
     out = []
 
     # 1. near-full accuracy with 31% of the data
@@ -461,8 +447,8 @@ def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
         line = head + f"{verdict}: cluster {_ms(clu)} vs random {_ms(rnd)}; " \
                       f"cluster − random = {diff:+.3f}."
         others = []
-        for _, r in a[a["method"] == cfg["cluster_method"]].iterrows():
-            o = _row(a, cfg["random_method"], r["fraction"])
+        for _, r in a[a["method"] == CLUSTER].iterrows():
+            o = _row(a, RANDOM, r["fraction"])
             if o is not None and not np.isclose(r["fraction"], b):
                 others.append(f"{r['fraction']:.0%}: {r['average_mean'] - o['average_mean']:+.3f}")
         if others:
@@ -474,7 +460,7 @@ def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
     several_prec = t["precision"].nunique() > 1 if "precision" in t else False
     head = (f"**Training time reduction at {pct} (cluster vs full, same GPUs/distribution/epochs/"
             "precision)**: ")
-    pairs = t[(t["method"] == cfg["cluster_method"]) & np.isclose(t["fraction"], b)
+    pairs = t[(t["method"] == CLUSTER) & np.isclose(t["fraction"], b)
               & t["ratio_to_full"].notna()]
     if pairs.empty:
         out.append(head + "not evaluated (no full run with the same GPUs, distribution, epochs "
@@ -494,7 +480,7 @@ def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
 
     # 4. balanced vs random distribution
     head = "**Balanced distribution faster than random distribution**: "
-    bal, rd = cfg["balanced_distribution"], cfg["random_distribution"]
+    bal, rd = BALANCED, RANDOM_SPLIT
     keys = ["gpus", "method", "fraction", "epochs", "precision"]
     tb = t[t["distribution"] == bal].set_index(keys)
     tr = t[t["distribution"] == rd].set_index(keys)
@@ -521,7 +507,7 @@ def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
     return out
 
 
-def learnability(acc: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any]) -> pd.DataFrame:
+def learnability(acc: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
     """Per model and task: does full-data fine-tuning beat the base model clearly?
 
     Clearly = full mean − base > 2 binomial standard errors of the difference (n items per
@@ -530,8 +516,8 @@ def learnability(acc: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any]) ->
     """
     rows = []
     for (ds, model), a in acc.groupby(["dataset", "model"], sort=False):
-        full = _row(a, cfg["full_method"], 1.0)
-        base = a[a["method"] == cfg["base_method"]]
+        full = _row(a, FULL, 1.0)
+        base = a[a["method"] == BASE]
         if full is None or base.empty:
             continue
         base = base.iloc[0]
@@ -550,9 +536,9 @@ def learnability(acc: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any]) ->
                                        "two_se", "clear"])
 
 
-def learnability_lines(acc: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any]) -> list[str]:
+def learnability_lines(acc: pd.DataFrame, tasks: list[str]) -> list[str]:
     """Findings section: on how many tasks full-data fine-tuning clearly beats the base model."""
-    lt = learnability(acc, tasks, cfg)
+    lt = learnability(acc, tasks)
     if lt.empty:
         return []
     lines = ["## Benchmark check: full-data fine-tuning vs the base model", "",
@@ -596,7 +582,7 @@ def findings_text(acc: pd.DataFrame, tt: pd.DataFrame, cfg: Mapping[str, Any] | 
              "ratio < 1). Small models and few seeds: read the numbers, not only the verdicts.",
              ""]
     lines += conditions_lines(df_conditions) if df_conditions is not None else []
-    lines += learnability_lines(acc, tasks or [], cfg)
+    lines += learnability_lines(acc, tasks or [])
     pairs = pd.concat([acc[["dataset", "model"]], tt[["dataset", "model"]]]).drop_duplicates()
     for ds, model in pairs.itertuples(index=False):
         lines += [f"## {ds} / {model}", ""]
@@ -614,12 +600,12 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
 
     Returns {"tables": [...], "plots": [...]} with the paths written.
     """
-    cfg = {**DEFAULTS, **(cfg or {})}
+    cfg = merge_section(DEFAULTS, cfg, "report")
     if task_specs is not None and not isinstance(task_specs, Mapping):
         task_specs = {(s["name"] if isinstance(s, Mapping) else s.name): s for s in task_specs}
-    df, tasks = load_runs(read_run_table(runs), cfg)
+    df, tasks = load_runs(read_run_table(runs))
     acc = accuracy_table(df, tasks, cfg)
-    tt = time_table(df, cfg)
+    tt = time_table(df)
     tdir, pdir = Path(out_dir_tables), Path(out_dir_plots)
     written: dict[str, list[str]] = {"tables": [], "plots": []}
 

@@ -545,12 +545,14 @@ def make_sampler(distribution: str, clusters: np.ndarray, lengths: np.ndarray, w
                  rank: int, batch_size: int, seed: int, drop_last: bool):
     """The per-rank sampler of a ``distribution``: ``random`` is torch's
     ``DistributedSampler(shuffle=True)``, ``balanced`` is :class:`ClusterBalancedSampler`."""
-    if distribution == "random":
+    from .names import BALANCED, RANDOM_SPLIT
+
+    if distribution == RANDOM_SPLIT:
         from torch.utils.data.distributed import DistributedSampler
 
         return DistributedSampler(range(len(lengths)), num_replicas=world_size, rank=rank,
                                   shuffle=True, seed=seed, drop_last=drop_last)
-    if distribution == "balanced":
+    if distribution == BALANCED:
         return ClusterBalancedSampler(clusters, lengths, num_replicas=world_size, rank=rank,
                                       batch_size=batch_size, seed=seed, drop_last=drop_last)
     raise ValueError(f"unknown distribution '{distribution}'")

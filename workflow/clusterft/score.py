@@ -50,7 +50,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import lora
-from .config import merge_section
+from .sections import merge_section
 from .distributed import resolve_device
 from .errors import InputError
 from .lora import DEFAULTS as LORA_DEFAULTS

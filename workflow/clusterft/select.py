@@ -33,8 +33,9 @@ import os
 
 import numpy as np
 
-from .config import merge_section
+from .sections import merge_section
 from .errors import InputError
+from .names import CLUSTER, FULL, METHODS, RANDOM
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,6 @@ DEFAULTS: dict = {
     "within": "random",
 }
 
-METHODS = ("full", "random", "cluster")
 QUOTAS = ("uniform", "proportional", "sqrt")
 WITHIN = ("random", "score", "centroid")
 
@@ -161,9 +161,9 @@ def select(ids, clusters, scores, method: str, budget: float, cfg: dict | None =
     if len(np.unique(ids)) != n:
         raise InputError("ids are not unique", field="id")
     m = n_select(n, budget)
-    if method == "full":
+    if method == FULL:
         return np.arange(n, dtype=np.int64)
-    if method == "random":
+    if method == RANDOM:
         return np.sort(np.random.default_rng(seed).choice(n, size=m, replace=False)).astype(np.int64)
     labels, inv, sizes = np.unique(clusters, return_inverse=True, return_counts=True)
     quotas = cluster_quotas(sizes, m, cfg["quota"])
@@ -188,8 +188,8 @@ def summarize(clusters, selected: np.ndarray, method: str, budget: float, seed: 
     sel = np.unique(clusters[selected], return_counts=True)
     chosen = dict(zip(sel[0].tolist(), sel[1].tolist()))
     return {"method": method, "budget": float(budget), "seed": int(seed),
-            "quota": cfg["quota"] if method == "cluster" else None,
-            "within": cfg["within"] if method == "cluster" else None,
+            "quota": cfg["quota"] if method == CLUSTER else None,
+            "within": cfg["within"] if method == CLUSTER else None,
             "n_pool": int(len(clusters)), "n_selected": int(len(selected)),
             "n_clusters": int(len(labels)),
             "clusters": [{"cluster": int(c), "n_pool": int(k), "n_selected": int(chosen.get(c, 0))}

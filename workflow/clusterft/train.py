@@ -4,7 +4,7 @@ Run one process per rank with torchrun::
 
     torchrun --standalone --nproc-per-node N -m clusterft.train --model DIR --pool POOL \
         --selection SEL.parquet --out OUT_DIR --metrics OUT.json \
-        --distribution random|balanced --seed S --config CFG
+        --distribution DIST --seed S --config CFG
 
 or call :func:`run_train` in a single process (world size 1, no process group). The
 global batch is ``global_batch_size`` when set (each rank takes its share, so every rank
@@ -33,20 +33,20 @@ from typing import Any
 import numpy as np
 
 from . import checkpoint, hardware
-from .config import merge_section, parse_section_arg
+from .sections import merge_section, parse_section_arg
 from .distributed import (BACKENDS, DEVICES, Dist, barrier, die_with_launcher, gather_object,
                           gather_rows, mean_over_ranks, seed_everything, set_threads)
 from .errors import InputError
 from .hf import load_causal_lm, load_tokenizer, resolve_model, save_model_dir
 from .io import set_offline_env, write_json
 from .lora import DEFAULTS as LORA_DEFAULTS
+from .names import DISTRIBUTIONS, RANDOM_SPLIT
 from .optim import SCHEDULES
 from .pool import load_pool, read_selection, select_records
 from .precision import PRECISIONS, resolve_precision
 from .runtime import freeze_for_exit
 from .tokenize import LENGTH_POLICY, POLICIES, encode_records
 
-DISTRIBUTIONS = ("random", "balanced")
 FINETUNE = ("full", "lora")
 
 DEFAULTS: dict = {
@@ -347,7 +347,7 @@ def summarize(acc: dict, cfg: dict, d: Dist, distribution: str, examples: list[d
 
 
 def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: str | os.PathLike,
-              out_dir: str | os.PathLike, metrics_path: str | os.PathLike, distribution: str = "random",
+              out_dir: str | os.PathLike, metrics_path: str | os.PathLike, distribution: str = RANDOM_SPLIT,
               seed: int = 0, cfg: dict | None = None, job_threads: int | None = None) -> dict:
     """Fine-tune and save; works in one process (world 1) or on every rank under torchrun.
 
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--selection", required=True, help="selection.parquet (id, cluster, score)")
     ap.add_argument("--out", required=True, help="output model dir")
     ap.add_argument("--metrics", required=True, help="output train_metrics.json")
-    ap.add_argument("--distribution", choices=DISTRIBUTIONS, default="random")
+    ap.add_argument("--distribution", choices=DISTRIBUTIONS, default=RANDOM_SPLIT)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--config", default=None, help="train config: YAML/JSON file or inline JSON")
     ap.add_argument("--threads", type=int, default=None,

@@ -24,6 +24,7 @@ os.environ.update(
 if PKG_DIR not in sys.path:
     sys.path.insert(0, PKG_DIR)
 
+from clusterft.names import BASE, DISTRIBUTIONS, FULL, METHODS
 from clusterft.config import (
     budget_label,
     check_config,
@@ -54,10 +55,10 @@ RUN = "{dataset}/{model}/{method}-{budget}/g{gpus}-{dist}/s{seed}"
 wildcard_constraints:
     dataset="|".join(DATASETS),
     model="|".join(MODELS),
-    method="full|random|cluster",
+    method="|".join(METHODS),
     budget=r"[0-9]+(\.[0-9]+)?",
     gpus=r"[1-9][0-9]*",
-    dist="random|balanced",
+    dist="|".join(DISTRIBUTIONS),
     seed=r"[0-9]+",
 
 
@@ -68,7 +69,7 @@ def accuracy_runs():
     for dataset, model, seed, method in product(
         DATASETS, MODELS, SEEDS, sweep["methods"]
     ):
-        budgets = [1.0] if method == "full" else sweep["budgets"]
+        budgets = [1.0] if method == FULL else sweep["budgets"]
         for budget in budgets:
             yield dict(
                 dataset=dataset,
@@ -90,7 +91,7 @@ def time_runs():
         yield dict(
             dataset=dataset,
             model=model,
-            method="full",
+            method=FULL,
             budget=budget_label(1.0),
             gpus=gpus,
             dist=dist,
@@ -101,7 +102,7 @@ def time_runs():
                 dataset=dataset,
                 model=model,
                 method=method,
-                budget=budget_label(1.0 if method == "full" else budget),
+                budget=budget_label(1.0 if method == FULL else budget),
                 gpus=gpus,
                 dist=dist,
                 seed=seed,
@@ -126,11 +127,40 @@ def run_path(prefix, run, suffix):
     return f"results/{prefix}/{RUN.format(**run)}/{suffix}"
 
 
+def run_record(run, with_eval):
+    """One run of the report's run table: its keys and the result files it reads."""
+    return {
+        **{k: run[k] for k in ("dataset", "model", "method", "budget", "gpus", "seed")},
+        "distribution": run["dist"],
+        "eval_json": run_path("eval", run, "results.json") if with_eval else None,
+        "train_metrics_json": run_path("train", run, "train_metrics.json"),
+    }
+
+
+def run_records():
+    """Every run the report reads: the accuracy runs (evaluated), the time-only runs
+    (train metrics only) and each base model's evaluation (no training)."""
+    runs = [run_record(r, True) for r in ACCURACY_RUNS]
+    runs += [run_record(r, False) for r in TIME_RUNS if r not in ACCURACY_RUNS]
+    runs += [
+        {
+            "dataset": d,
+            "model": m,
+            "method": BASE,
+            "budget": 0.0,
+            "seed": 0,
+            "eval_json": f"results/eval/{d}/{m}/{BASE}/results.json",
+        }
+        for d, m in product(DATASETS, MODELS)
+    ]
+    return runs
+
+
 def report_inputs():
     return dict(
         evals=[run_path("eval", r, "results.json") for r in ACCURACY_RUNS],
         base_evals=[
-            f"results/eval/{d}/{m}/base/results.json"
+            f"results/eval/{d}/{m}/{BASE}/results.json"
             for d, m in product(DATASETS, MODELS)
         ],
         metrics=[
@@ -194,7 +224,7 @@ def base_model_cfg(wildcards):
 
 def model_train_section(model):
     """The train section with the model's own `train` overrides merged over it."""
-    from clusterft.config import merged
+    from clusterft.sections import merged
 
     own = config["models"][model].get("train", {})
     return merged(config.get("train", {}), own)

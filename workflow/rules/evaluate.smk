@@ -28,7 +28,8 @@ rule evaluate:
         "../scripts/evaluate.py"
 
 
-rule evaluate_base:
+# The base model before fine-tuning, on the same tasks.
+use rule evaluate as evaluate_base with:
     input:
         model="results/models/{model}/base",
         benchmarks=bench_dirs,
@@ -40,15 +41,3 @@ rule evaluate_base:
         "logs/evaluate/{dataset}/{model}/base.log",
     benchmark:
         "benchmarks/out/evaluate/{dataset}/{model}/base.tsv"
-    conda:
-        ENV
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=120,
-        gpu=1 if USE_GPU else 0,
-    params:
-        tasks=eval_tasks,
-        cfg=section("evaluate"),
-    script:
-        "../scripts/evaluate.py"

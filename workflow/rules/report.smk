@@ -41,9 +41,7 @@ rule report:
         mem_mb=2000,
         runtime=10,
     params:
-        accuracy_runs=ACCURACY_RUNS,
-        time_runs=TIME_RUNS,
-        datasets=DATASETS,
-        models=MODELS,
+        runs=run_records(),
+        cfg=section("report"),
     script:
         "../scripts/report.py"
