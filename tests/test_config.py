@@ -30,9 +30,7 @@ def test_shipped_configs_are_valid(path: str) -> None:
     assert cfg["datasets"] and cfg["models"]
 
 
-def test_generated_schema_and_readme_are_up_to_date() -> None:
-    assert configdoc.SCHEMA_PATH.read_text() == configdoc.render_schema(), \
-        "run: python -m clusterft.configdoc"
+def test_generated_readme_is_up_to_date() -> None:
     assert configdoc.README_PATH.read_text() == configdoc.build_readme(), \
         "run: python -m clusterft.configdoc"
 
@@ -66,6 +64,15 @@ BAD = [
      "sweep.accuracy.distribution"),
     ("unknown data source", lambda c: c["datasets"]["skills"].update(source="csv"),
      "datasets.skills.source"),
+    ("stage key of the wrong type", lambda c: c["train"].update(epochs="three"), "train.epochs"),
+    ("nested stage key", lambda c: c["score"].update(lora={"rank": 4}), "score.lora.rank"),
+    ("unknown key of a model's train override",
+     lambda c: c["models"]["small"].update(train={"epoch": 2}), "models.small.train.epoch"),
+    ("unknown key of a model's pretrain",
+     lambda c: c["models"]["small"].update(pretrain={"stepz": 2}), "models.small.pretrain.stepz"),
+    ("dataset key its source has no use for",
+     lambda c: c["datasets"]["skills"].update(hf_dataset="x"), "datasets.skills.hf_dataset"),
+    ("unknown tokenizer key", lambda c: c["tokenizer"].update(vocab=12), "tokenizer.vocab"),
 ]
 
 

@@ -142,7 +142,7 @@ def test_defaults_and_merge():
     assert m["n"] == 100 and "domain" not in m
     with pytest.raises(InputError) as ei:
         merge_cfg("skills", {"nn": 3}, "skills")
-    assert ei.value.field == "datasets.skills"
+    assert ei.value.field == "datasets.skills.nn"  # the unknown key itself
     with pytest.raises(InputError, match="unknown data source"):
         merge_cfg("wiki", {})
 

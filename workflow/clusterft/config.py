@@ -1,8 +1,9 @@
 """Config loading and the checks that go beyond the JSON schema.
 
-The schema (`workflow/schemas/config.schema.yaml`) rejects unknown keys and wrong types;
-`check_config` then checks what a schema cannot (paths that must exist, tasks that must be
-defined, cluster counts against pool sizes), before any expensive stage starts.
+The schema (`workflow/schemas/config.schema.yaml`) gives the config's shape; `validate_schema`
+adds the enums the code owns and checks each stage section's keys and types against that
+stage's DEFAULTS; `check_config` then checks what neither can (paths that must exist, tasks
+that must be defined, cluster counts against pool sizes), before any expensive stage starts.
 """
 
 from __future__ import annotations
@@ -75,13 +76,36 @@ def config_error(message: str, source: str | None, field: str) -> InputError:
     return InputError(message, path=source, line=yaml_line(source, field), field=field)
 
 
+def schema() -> dict:
+    """The JSON schema with the enums whose names the code owns filled in from the code."""
+    from . import data, decontaminate
+    from .benchmarks import DOMAINS
+    from .models import SOURCES
+
+    out = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
+    sweep = out["properties"]["sweep"]["properties"]
+    named = [(sweep["methods"]["items"], METHODS),
+             (sweep["time"]["properties"]["methods"]["items"], METHODS),
+             (sweep["accuracy"]["properties"]["distribution"], DISTRIBUTIONS),
+             (sweep["time"]["properties"]["distributions"]["items"], DISTRIBUTIONS),
+             (out["properties"]["benchmarks"]["properties"]["decontaminate"], decontaminate.ACTIONS),
+             (out["$defs"]["dataset"]["properties"]["domain"], DOMAINS),
+             (out["$defs"]["dataset"]["properties"]["source"], tuple(data.DEFAULTS)),
+             (out["$defs"]["model"]["properties"]["source"], SOURCES)]
+    for node, names in named:
+        node.pop("type", None)
+        node["enum"] = list(names)
+    return out
+
+
 def validate_schema(cfg: dict, source: str = "config") -> None:
-    """Validate against the JSON schema (as Snakemake does), filling schema defaults."""
+    """Validate against the JSON schema (as Snakemake does), then every stage section's keys
+    and types against that stage's DEFAULTS; the first error names the file, line, field."""
     import jsonschema
 
-    schema = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
-    validator_cls = jsonschema.validators.validator_for(schema)
-    errors = sorted(validator_cls(schema).iter_errors(cfg), key=lambda e: list(e.path))
+    sch = schema()
+    validator_cls = jsonschema.validators.validator_for(sch)
+    errors = sorted(validator_cls(sch).iter_errors(cfg), key=lambda e: list(e.path))
     if errors:
         e = errors[0]
         field = ".".join(str(x) for x in e.absolute_path) or "(top level)"
@@ -93,6 +117,28 @@ def validate_schema(cfg: dict, source: str = "config") -> None:
                 message = (f"unknown key '{extra[0]}'; allowed here: "
                            f"{', '.join(sorted(e.schema.get('properties', {})))}")
         raise config_error(message, source, field)
+    try:
+        check_sections(cfg)
+    except InputError as e:
+        raise config_error(e.message, source, e.field or "(top level)") from e
+
+
+def check_sections(cfg: dict) -> None:
+    """Keys and types of each stage section, dataset and model override, against the
+    DEFAULTS of the module that reads them (InputError naming the field)."""
+    from . import cluster, corpus, data, evaluate, models, pretrain, report, score, select, train
+    from .sections import check_keys
+
+    stages = {"corpus": corpus, "score": score, "cluster": cluster, "select": select,
+              "train": train, "evaluate": evaluate, "report": report}
+    for name, module in stages.items():
+        check_keys(module.DEFAULTS, cfg.get(name), name)
+    check_keys(models.TOKENIZER_DEFAULTS, cfg.get("tokenizer"), "tokenizer")
+    for name, m in (cfg.get("models") or {}).items():
+        check_keys(pretrain.DEFAULTS, m.get("pretrain"), f"models.{name}.pretrain")
+        check_keys(train.DEFAULTS, m.get("train"), f"models.{name}.train")
+    for name, d in (cfg.get("datasets") or {}).items():
+        data.merge_cfg(d["source"], d, name)
 
 
 def count_records(path: str | Path, stop: int | None = None) -> int:

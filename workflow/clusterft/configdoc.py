@@ -1,7 +1,7 @@
-"""The config schema's stage sections and config/README.md's key reference, generated from
-each module's DEFAULTS (and the comment above each key), so the schema, the docs and the
-code cannot drift apart. `python -m clusterft.configdoc` rewrites both files;
-tests/test_config.py fails when a committed file is out of date.
+"""config/README.md's key reference, generated from each module's DEFAULTS (and the comment
+above each key), so the docs and the code cannot drift apart (the config check validates
+the same DEFAULTS: clusterft.config.check_sections). `python -m clusterft.configdoc`
+rewrites it; tests/test_config.py fails when the committed file is out of date.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = ROOT / "workflow" / "schemas" / "config.schema.yaml"
-SCHEMA_TEMPLATE = ROOT / "workflow" / "schemas" / "config.schema.template.yaml"
 README_PATH = ROOT / "config" / "README.md"
 README_TEMPLATE = ROOT / "config" / "README.template.md"
 
@@ -32,14 +30,7 @@ SECTIONS: dict[str, tuple[str, str | None]] = {
     "report": ("clusterft.report", None),
 }
 # Keys whose value is a free-form mapping (not a fixed set of sub-keys).
-FREE_MAPPINGS = {"type_weights", "columns", "pretrain_by_size", "data_files", "sizes"}
-TOKENIZER = {
-    # documented here: the tokenizer section has no DEFAULTS dict of its own
-    "source": ("build", "build (train a byte-level BPE on the corpus) | hub | path"),
-    "vocab_size": (2048, "vocabulary size of the built tokenizer (bytes + merges + 3 specials)"),
-    "hub_id": (None, "source: hub -> a hub model/tokenizer id (needs allow_downloads)"),
-    "path": (None, "source: path -> a local tokenizer folder"),
-}
+FREE_MAPPINGS = {"type_weights", "columns", "data_files", "sizes"}
 
 
 def _defaults(module: str, key: str | None) -> dict:
@@ -77,36 +68,6 @@ def _comments(module: str) -> dict[str, str]:
     return out
 
 
-def _type(value: Any) -> dict:
-    if isinstance(value, bool):
-        return {"type": "boolean"}
-    if isinstance(value, int):
-        return {"type": "integer"}
-    if isinstance(value, float):
-        return {"type": "number"}
-    if isinstance(value, str):
-        return {"type": "string"}
-    if isinstance(value, list):
-        return {"type": "array"}
-    if isinstance(value, dict):
-        return {"type": "object"}
-    return {}
-
-
-def section_schema(defaults: dict, docs: dict[str, str]) -> dict:
-    props = {}
-    for k, v in defaults.items():
-        if isinstance(v, dict) and k not in FREE_MAPPINGS:
-            props[k] = section_schema(v, docs)
-        else:
-            props[k] = {**_type(v)}
-            if v is None:
-                props[k] = {}
-        if docs.get(k):
-            props[k]["description"] = docs[k]
-    return {"type": "object", "additionalProperties": False, "default": {}, "properties": props}
-
-
 def dataset_keys() -> tuple[dict, dict[str, str]]:
     """Union of every data source's keys (data.merge_cfg checks them per source)."""
     data = importlib.import_module("clusterft.data")
@@ -119,31 +80,6 @@ def dataset_keys() -> tuple[dict, dict[str, str]]:
         for k, v in d.items():
             keys.setdefault(k, v)
     return keys, docs
-
-
-def build_schema() -> dict:
-    schema = yaml.safe_load(SCHEMA_TEMPLATE.read_text(encoding="utf-8"))
-    defs = schema["$defs"]
-    for name, (module, key) in SECTIONS.items():
-        defs[name] = section_schema(_defaults(module, key), comments(module))
-    pretrain = importlib.import_module("clusterft.pretrain")
-    defs["pretrain"] = section_schema(pretrain.DEFAULTS, comments("clusterft.pretrain"))
-    defs["tokenizer"] = {
-        "type": "object", "additionalProperties": False, "default": {},
-        "properties": {k: {**(_type(v) if v is not None else {"type": "string"}), "description": d}
-                       for k, (v, d) in TOKENIZER.items()},
-    }
-    defs["tokenizer"]["properties"]["source"] = {"enum": ["build", "hub", "path"],
-                                                 "description": TOKENIZER["source"][1]}
-    keys, ddocs = dataset_keys()
-    ds = defs["dataset"]["properties"]
-    for k, v in keys.items():
-        if k in ds:
-            continue
-        ds[k] = {} if v is None else _type(v)
-        if ddocs.get(k):
-            ds[k]["description"] = ddocs[k]
-    return schema
 
 
 def _rows(prefix: str, defaults: dict, docs: dict[str, str]) -> list[str]:
@@ -164,8 +100,9 @@ def build_readme() -> str:
     parts += ["### `datasets.<name>` (per source; keys a source does not use are rejected)", "",
               "| key | default | meaning |", "| --- | --- | --- |"]
     parts += _rows("", keys, ddocs) + [""]
+    models = importlib.import_module("clusterft.models")
     parts += ["### `tokenizer`", "", "| key | default | meaning |", "| --- | --- | --- |"]
-    parts += [f"| `{k}` | `{v}` | {d} |" for k, (v, d) in TOKENIZER.items()] + [""]
+    parts += _rows("", models.TOKENIZER_DEFAULTS, _comments("clusterft.models")) + [""]
     pretrain = importlib.import_module("clusterft.pretrain")
     parts += ["### `models.<name>.pretrain` (source: build)", "", "| key | default | meaning |",
               "| --- | --- | --- |"]
@@ -176,16 +113,9 @@ def build_readme() -> str:
     return "\n".join(parts)
 
 
-def render_schema() -> str:
-    header = ("# GENERATED by `python -m clusterft.configdoc` from config.schema.template.yaml and\n"
-              "# the modules' DEFAULTS. Edit those, not this file.\n")
-    return header + yaml.safe_dump(build_schema(), sort_keys=False, width=100, allow_unicode=True)
-
-
 def main() -> int:
-    SCHEMA_PATH.write_text(render_schema(), encoding="utf-8")
     README_PATH.write_text(build_readme(), encoding="utf-8")
-    print(f"wrote {SCHEMA_PATH} and {README_PATH}")
+    print(f"wrote {README_PATH}")
     return 0
 
 

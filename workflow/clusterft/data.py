@@ -20,6 +20,7 @@ from .errors import InputError
 from .io import set_offline_env, write_json, write_jsonl, write_parquet
 from .pool import check_unique, load_pool, validate_example, write_pool
 from .pools import OVERLAP_DEFAULTS, POOL_NAMES, get_pool_module
+from .sections import check_keys
 
 _CUSTOM: dict[str, dict] = {
     "jsonl": {
@@ -65,6 +66,8 @@ DEFAULTS: dict[str, dict] = _defaults()
 # Keys the workflow config may carry for any dataset; ignored where the source has no use
 # for them (e.g. items_per_task for a user's own pool, which has no benchmark tasks).
 PASSTHROUGH_KEYS = ("domain", "source", "items_per_task")
+# Keys whose value is a mapping of the user's own keys.
+FREE_MAPPINGS = ("columns", "data_files")
 
 
 def merge_cfg(source: str, cfg: Mapping[str, Any] | None, dataset: str | None = None) -> dict:
@@ -73,10 +76,8 @@ def merge_cfg(source: str, cfg: Mapping[str, Any] | None, dataset: str | None = 
         raise InputError(f"unknown data source {source!r}; known: {', '.join(DEFAULTS)}",
                          field=f"datasets.{dataset or source}.source")
     cfg = dict(cfg or {})
-    unknown = sorted(set(cfg) - set(DEFAULTS[source]) - set(PASSTHROUGH_KEYS))
-    if unknown:
-        raise InputError(f"unknown keys {unknown} for source {source!r}; known: "
-                         f"{sorted(DEFAULTS[source])}", field=f"datasets.{dataset or source}")
+    allowed = {**DEFAULTS[source], **{k: None for k in PASSTHROUGH_KEYS}}
+    check_keys(allowed, cfg, f"datasets.{dataset or source}", free=FREE_MAPPINGS)
     out = copy.deepcopy(DEFAULTS[source])
     out.update({k: v for k, v in cfg.items() if k in out})
     return out

@@ -20,13 +20,29 @@ from .hf import load_tokenizer, resolve_model, save_model_dir
 from .io import atomic_path, set_offline_env, write_json
 from .pretrain import DEFAULTS as PRETRAIN_DEFAULTS
 from .pretrain import pretrain
+from .sections import merge_section
+
+# Where a tokenizer or a base model comes from: built here, a hub id, or a local folder.
+SOURCES = ("build", "hub", "path")
+BUILD, HUB, PATH = SOURCES
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 SPECIAL_TOKENS = [BOS, EOS, PAD]
 
-DEFAULTS: dict = {
-    # Tokenizer vocabulary size (byte-level BPE, including the 256 byte tokens and 3 specials).
+TOKENIZER_DEFAULTS: dict = {
+    # build (train a byte-level BPE on the corpus), hub or path.
+    "source": BUILD,
+    # Vocabulary size of the built tokenizer (bytes + merges + 3 specials).
     "vocab_size": 2048,
+    # source: hub -> a hub model/tokenizer id (needs allow_downloads).
+    "hub_id": None,
+    # source: path -> a local tokenizer folder.
+    "path": None,
+}
+
+DEFAULTS: dict = {
+    # Tokenizer vocabulary size of the built tokenizer.
+    "vocab_size": TOKENIZER_DEFAULTS["vocab_size"],
     # Model sizes standing in for 7B / 13B. Keys are LlamaConfig fields.
     "sizes": {
         # ~0.75M parameters with vocab 2048.
@@ -47,6 +63,8 @@ DEFAULTS: dict = {
 
 
 # --------------------------------------------------------------------------- tokenizer
+
+
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike | None = None,
                     seed: int = 0):
@@ -110,11 +128,11 @@ def run_tokenizer(corpus: str | os.PathLike, vocab_size: int | dict, out_dir: st
     must be allowed); ``{source: path, path}`` copies a local tokenizer dir.
     """
     section = vocab_size if isinstance(vocab_size, dict) else {"vocab_size": vocab_size}
-    source = section.get("source", "build")
-    set_offline_env(allow_downloads and source == "hub")
+    source = section.get("source", BUILD)
+    set_offline_env(allow_downloads and source == HUB)
     t0 = time.perf_counter()
-    if source in ("hub", "path"):
-        key = "hub_id" if source == "hub" else "path"
+    if source in (HUB, PATH):
+        key = "hub_id" if source == HUB else "path"
         spec = resolve_model(section.get(key, ""), allow_downloads, field=f"tokenizer.{key}",
                              need_config=False)
         from transformers import AutoTokenizer
@@ -123,8 +141,8 @@ def run_tokenizer(corpus: str | os.PathLike, vocab_size: int | dict, out_dir: st
         with atomic_path(out_dir, is_dir=True) as tmp:
             tok.save_pretrained(str(tmp))
         return {"vocab_size": len(tok), "source": source, "seconds": round(time.perf_counter() - t0, 2)}
-    if source != "build":
-        raise InputError(f"unknown source '{source}' (build|hub|path)", field="tokenizer.source")
+    if source != BUILD:
+        raise InputError(f"unknown source '{source}' ({'|'.join(SOURCES)})", field="tokenizer.source")
     docs = read_corpus(corpus)
     tok = train_tokenizer(_lines(docs), int(section.get("vocab_size", DEFAULTS["vocab_size"])),
                           out_dir, seed)
@@ -231,23 +249,23 @@ def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model
     """
     import shutil
 
-    source = model_cfg.get("source", "build")
+    source = model_cfg.get("source", BUILD)
     if threads:
         import torch
 
         torch.set_num_threads(int(threads))
-    if source == "build":
+    if source == BUILD:
         size = model_cfg.get("size", name)
         size_cfg = size_config(size)
-        pcfg = {**PRETRAIN_DEFAULTS, **(model_cfg.get("pretrain") or {})}
+        pcfg = merge_section(PRETRAIN_DEFAULTS, model_cfg.get("pretrain"), f"models.{name}.pretrain")
         return run_base_model(tokenizer_dir, corpus, size_cfg, pcfg, out_dir, seed)
-    if source not in ("hub", "path"):
-        raise InputError(f"unknown source '{source}' (build|hub|path)", field=f"models.{name}.source")
-    key = "hub_id" if source == "hub" else "path"
+    if source not in (HUB, PATH):
+        raise InputError(f"unknown source '{source}' ({'|'.join(SOURCES)})", field=f"models.{name}.source")
+    key = "hub_id" if source == HUB else "path"
     spec = resolve_model(model_cfg.get(key, ""), allow_downloads, field=f"models.{name}.{key}")
     t0 = time.perf_counter()
     with atomic_path(out_dir, is_dir=True) as tmp:
-        if source == "path":
+        if source == PATH:
             shutil.copytree(spec, tmp, dirs_exist_ok=True)
         else:
             set_offline_env(allow_downloads=True)

@@ -38,19 +38,50 @@ def parse_section_arg(value: str | None, section: str) -> dict:
 
 def merge_section(defaults: dict[str, Any], cfg: dict[str, Any] | None, section: str,
                   free: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A stage's config section merged over its DEFAULTS (deep copy, nested dicts merged).
-
-    Unknown keys raise InputError naming `section.key` and listing the known ones; nested
-    dicts of DEFAULTS are checked the same way unless their key is in `free` (free-form maps).
-    """
+    """A stage's config section merged over its DEFAULTS (deep copy, nested dicts merged),
+    after :func:`check_keys`."""
     cfg = dict(cfg or {})
-    for k, v in cfg.items():
-        if k not in defaults:
-            raise InputError(f"unknown key '{k}'; known keys: "
-                             f"{sorted(defaults)}", field=f"{section}.{k}")
-        if isinstance(defaults[k], dict) and isinstance(v, dict) and k not in free:
-            merge_section(defaults[k], v, f"{section}.{k}")
+    check_keys(defaults, cfg, section, free)
     return merged(copy.deepcopy(defaults), cfg)
+
+
+def check_keys(defaults: dict[str, Any], cfg: dict[str, Any] | None, section: str,
+               free: tuple[str, ...] = ()) -> None:
+    """Unknown keys, and values of another type than the default's, raise InputError naming
+    `section.key`; nested dicts of DEFAULTS are checked the same way unless their key is in
+    `free` (free-form maps). A null default takes any value; an int is a valid float."""
+    for k, v in (cfg or {}).items():
+        field = f"{section}.{k}"
+        if k not in defaults:
+            raise InputError(f"unknown key '{k}'; allowed here: {', '.join(sorted(defaults))}",
+                             field=field)
+        d = defaults[k]
+        if not _fits(d, v):
+            hint = (" (YAML reads a number without a dot, such as 1e-3, as a string: write "
+                    "1.0e-3)" if isinstance(v, str) and _kind(d) in (int, float) else "")
+            raise InputError(f"must be {_KINDS[_kind(d)]}, got {v!r}{hint}", field=field)
+        if isinstance(d, dict) and k not in free:
+            check_keys(d, v, field)
+
+
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+          list: "a list", dict: "a mapping"}
+
+
+def _kind(value: Any) -> type | None:
+    for t in (bool, int, float, str, list, dict):  # bool first: it is an int in Python
+        if isinstance(value, t):
+            return t
+    return None
+
+
+def _fits(default: Any, value: Any) -> bool:
+    want, have = _kind(default), _kind(value)
+    if default is None or want is None:
+        return True
+    if want is float:
+        return have in (int, float)
+    return have is want
 
 
 def merged(defaults: dict[str, Any], cfg: dict[str, Any] | None) -> dict[str, Any]:
