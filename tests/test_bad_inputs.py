@@ -169,7 +169,7 @@ def test_flagged_overlap_above_threshold_fails_naming_pool_task_count(tmp_path) 
     with pytest.raises(InputError) as ei:
         run_decontaminate("mine", path, [BAD / "bench"], {"action": "flag"},
                           tmp_path / "p.jsonl", tmp_path / "c.csv")
-    check(ei.value, path, 2, "benchmarks.max_overlap",
+    check(ei.value, path, 2, "tasks.max_overlap",
           r"pool 'mine' still has 1 examples overlapping benchmark task 'toy_words' "
           r"\(1 exact.*record 'ex-1'.*max_overlap = 0")
     assert not (tmp_path / "p.jsonl").exists()
@@ -183,7 +183,7 @@ def test_pool_empty_after_decontamination(tmp_path) -> None:
     with pytest.raises(InputError) as ei:
         run_decontaminate("mine", path, [BAD / "bench"], {}, tmp_path / "p.jsonl",
                           tmp_path / "c.csv")
-    check(ei.value, path, None, "benchmarks.decontaminate",
+    check(ei.value, path, None, "tasks.decontaminate",
           r"empty after decontamination: all 2 records \(lines 1-2\)")
 
 
@@ -202,7 +202,7 @@ CONFIG = [
      r"cluster.k = 4 is larger than the pool of dataset 'mine': .*small_pool.jsonl holds 3 records"),
     ("model_path_missing", "models.tiny.path", "path:",
      r"model path '/nonexistent/cluster-ft/model' does not exist"),
-    ("undefined_task", "benchmarks.tasks[1]", "mmlu_nope", r"benchmark task 'mmlu_nope' is not defined"),
+    ("undefined_task", "tasks.only[1]", "mmlu_nope", r"benchmark task 'mmlu_nope' is not defined"),
     ("unknown_method", "sweep.methods.1", "kmeans", r"'kmeans' is not one of \['full', 'random', 'cluster'\]"),
     ("unknown_time_method", "sweep.time.methods.1", "kmeans", r"'kmeans' is not one of"),
     ("unknown_distribution", "sweep.accuracy.distribution", "roundrobin",
@@ -211,7 +211,7 @@ CONFIG = [
     ("missing_dataset_file", "datasets.mine.path", "path:",
      r"dataset file '.*does_not_exist.jsonl' does not exist"),
     ("unknown_truncation", "train.truncation", "truncation", r"unknown truncation policy 'chop'"),
-    ("unknown_decontaminate", "benchmarks.decontaminate", "ignore", r"'ignore' is not one of \['drop', 'flag'\]"),
+    ("unknown_decontaminate", "tasks.decontaminate", "ignore", r"'ignore' is not one of \['drop', 'flag'\]"),
 ]
 
 

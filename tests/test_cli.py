@@ -20,7 +20,7 @@ def test_stages_chain_from_the_command_line(tmp_path: Path, tiny_model_dir: Path
     (tmp_path / "data.yaml").write_text("items_per_task: 20\n")
     out = cli("prepare-data", "--dataset", "skills", "--n", "96", "--config", "data.yaml",
               "--out-pool", "pool.jsonl", "--out-labels", "labels.parquet",
-              "--out-benchmarks", "bench", cwd=tmp_path)
+              "--out-items", "bench", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     pool = [json.loads(line) for line in (tmp_path / "pool.jsonl").read_text().splitlines()]
     assert len(pool) == 96 and sorted(p.name for p in (tmp_path / "bench").glob("*.jsonl"))

@@ -97,8 +97,8 @@ def test_missing_model_path_is_rejected(tmp_path: Path) -> None:
 
 
 def test_undefined_benchmark_task_is_rejected() -> None:
-    cfg = _edit(lambda c: c["benchmarks"].update(tasks=["skills_mc", "mmlu_nope"]))
-    with pytest.raises(InputError, match=r"benchmarks\.tasks\[1\].*mmlu_nope"):
+    cfg = _edit(lambda c: c["tasks"].update(only=["skills_mc", "mmlu_nope"]))
+    with pytest.raises(InputError, match=r"tasks\.only\[1\].*mmlu_nope"):
         check_config(cfg)
 
 

@@ -77,7 +77,7 @@ def test_outputs_exist_and_are_real(smoke_run: Path) -> None:
         assert metrics["backend"] == (None if run.startswith("g1") else "gloo")
     # every pool x every benchmark task of every dataset, nothing overlapping left
     cont = pd.read_csv(tables / "contamination.csv")
-    from clusterft.benchmarks import TASKS
+    from clusterft.tasks import TASKS
 
     tasks = {t for t, spec in TASKS.items() if spec.dataset in ("skills", "icd10")}
     assert set(zip(cont["dataset"], cont["task"])) == {(d, t) for d in ("skills", "icd10") for t in tasks}
@@ -289,7 +289,7 @@ def test_workflow_stops_on_remaining_overlap_and_drop_cleans_it(tmp_path: Path) 
     from clusterft.io import write_jsonl
 
     smoke = yaml.safe_load(SMOKE.read_text())
-    skills = {"items_per_task": smoke["benchmarks"]["items_per_task"], **smoke["datasets"]["skills"]}
+    skills = {"items_per_task": smoke["tasks"]["items_per_task"], **smoke["datasets"]["skills"]}
     ref = tmp_path / "ref"
     run_prepare_data("skills", skills, ref / "pool.jsonl", ref / "labels.parquet", ref / "bench",
                      seed=smoke["data_seed"])
@@ -306,7 +306,7 @@ def test_workflow_stops_on_remaining_overlap_and_drop_cleans_it(tmp_path: Path) 
         def edit(c):
             c["datasets"]["mine"] = {"domain": "programming", "source": "jsonl",
                                      "path": str(tmp_path / "mine.jsonl")}
-            c["benchmarks"].update(decontaminate=action, lm_eval_tasks={"programming": ["x"]})
+            c["tasks"].update(decontaminate=action, lm_eval_tasks={"programming": ["x"]})
         return edit
 
     work = tmp_path / "work"
@@ -315,7 +315,7 @@ def test_workflow_stops_on_remaining_overlap_and_drop_cleans_it(tmp_path: Path) 
     out = snakemake(work, target, check=False, configfile=config_copy(tmp_path, "flag", mine("flag")))
     text = out.stdout + out.stderr
     assert out.returncode != 0 and not (work / target).exists()
-    assert re.search(r"pool\.raw\.jsonl, line 3, field 'benchmarks\.max_overlap': pool 'mine' still "
+    assert re.search(r"pool\.raw\.jsonl, line 3, field 'tasks\.max_overlap': pool 'mine' still "
                      r"has 1 examples overlapping benchmark task 'skills_words' .*record 'planted'", text), \
         text[-3000:]
     snakemake(work, target, "results/data/mine/contamination.csv",

@@ -42,7 +42,7 @@ def _prepare_data(a: argparse.Namespace) -> Any:
     cfg = {"source": a.source or a.dataset, **_section(a.config)}
     if a.n:
         cfg["n"] = a.n
-    return run_prepare_data(a.dataset, cfg, a.out_pool, a.out_labels, a.out_benchmarks,
+    return run_prepare_data(a.dataset, cfg, a.out_pool, a.out_labels, a.out_items,
                             seed=a.seed, out_summary=a.out_summary)
 
 
@@ -101,12 +101,12 @@ def _evaluate(a: argparse.Namespace) -> Any:
     from .evaluate import run_evaluate
 
     out = Path(a.out)
-    return run_evaluate(a.model, a.tasks, a.benchmarks, _section(a.config), out,
+    return run_evaluate(a.model, a.tasks, a.items, _section(a.config), out,
                         a.tasks_dir or str(out.with_name(out.stem + "_tasks")), seed=a.seed)
 
 
 def _report(a: argparse.Namespace) -> Any:
-    from .benchmarks import TASKS
+    from .tasks import TASKS
     from .report import run_report
 
     return run_report(a.runs, a.tables, a.plots, task_specs=TASKS, cfg=_section(a.config))
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", type=int, help="pool size")
     s.add_argument("--out-pool", required=True)
     s.add_argument("--out-labels", required=True)
-    s.add_argument("--out-benchmarks", required=True, help="folder for <task>.jsonl item files")
+    s.add_argument("--out-items", required=True, help="folder for <task>.jsonl item files")
     s.add_argument("--out-summary")
 
     s = stage("corpus", _corpus, "the general corpus for tokenizer/base-model pretraining")
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = stage("evaluate", _evaluate, "lm-eval on repo-defined (or built-in) tasks")
     s.add_argument("--model", required=True)
     s.add_argument("--tasks", nargs="+", required=True)
-    s.add_argument("--benchmarks", nargs="+", default=["results/benchmarks"],
+    s.add_argument("--items", nargs="+", default=["results/tasks"],
                    help="folders holding <task>.jsonl item files")
     s.add_argument("--out", required=True)
     s.add_argument("--tasks-dir", help="where the generated task YAMLs go")

@@ -29,7 +29,7 @@ import numpy as np
 STAGE_FILES: list[tuple[str, str]] = [
     ("pools", "data/*/pool.jsonl"),
     ("labels", "data/*/labels.parquet"),
-    ("task items", "benchmarks/*/*.jsonl"),
+    ("task items", "tasks/*/*.jsonl"),
     ("corpus", "corpus/general.txt"),
     ("tokenizer", "models/tokenizer/tokenizer.json"),
     ("base models", "models/*/base/model.safetensors"),

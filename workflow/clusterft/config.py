@@ -79,7 +79,7 @@ def config_error(message: str, source: str | None, field: str) -> InputError:
 def schema() -> dict:
     """The JSON schema with the enums whose names the code owns filled in from the code."""
     from . import data, decontaminate
-    from .benchmarks import DOMAINS
+    from .tasks import DOMAINS
     from .models import SOURCES
 
     out = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
@@ -88,7 +88,7 @@ def schema() -> dict:
              (sweep["time"]["properties"]["methods"]["items"], METHODS),
              (sweep["accuracy"]["properties"]["distribution"], DISTRIBUTIONS),
              (sweep["time"]["properties"]["distributions"]["items"], DISTRIBUTIONS),
-             (out["properties"]["benchmarks"]["properties"]["decontaminate"], decontaminate.ACTIONS),
+             (out["properties"]["tasks"]["properties"]["decontaminate"], decontaminate.ACTIONS),
              (out["$defs"]["dataset"]["properties"]["domain"], DOMAINS),
              (out["$defs"]["dataset"]["properties"]["source"], tuple(data.DEFAULTS)),
              (out["$defs"]["model"]["properties"]["source"], SOURCES)]
@@ -116,6 +116,8 @@ def validate_schema(cfg: dict, source: str = "config") -> None:
                 field = ".".join([*map(str, e.absolute_path), str(extra[0])])
                 message = (f"unknown key '{extra[0]}'; allowed here: "
                            f"{', '.join(sorted(e.schema.get('properties', {})))}")
+                if field == "benchmarks":  # renamed: the evaluation side is called tasks
+                    message += " (the 'benchmarks' section is now 'tasks', its 'tasks' list 'only')"
         raise config_error(message, source, field)
     try:
         check_sections(cfg)
@@ -157,17 +159,17 @@ def tasks_for(cfg: dict, dataset: str) -> list[str]:
     """Benchmark task names evaluated for the runs of one dataset.
 
     Repo-defined tasks: those drawn from the dataset's own source (held-out items of the same
-    generator), optionally restricted by `benchmarks.tasks`. With `benchmarks.lm_eval_tasks`
+    generator), optionally restricted by `tasks.only`. With `tasks.lm_eval_tasks`
     (paper config): the lm-eval tasks of the dataset's domain.
     """
-    bench = cfg.get("benchmarks", {})
+    bench = cfg.get("tasks", {})
     spec = cfg["datasets"][dataset]
     named = bench.get("lm_eval_tasks")
     if named:
         return list(named.get(spec["domain"], []))
-    from .benchmarks import TASKS
+    from .tasks import TASKS
 
-    only = bench.get("tasks")
+    only = bench.get("only")
     source = spec.get("source", dataset)
     return [t.name for t in TASKS.values()
             if t.dataset == source and (not only or t.name in only)]
@@ -302,17 +304,17 @@ def check_config(cfg: dict, source: str = "config") -> None:
         if d.get("source") == "jsonl" and not Path(d.get("path") or "").is_file():
             raise config_error(f"dataset file '{d.get('path')}' does not exist", source,
                                f"datasets.{name}.path")
-    named = cfg.get("benchmarks", {}).get("lm_eval_tasks")
+    named = cfg.get("tasks", {}).get("lm_eval_tasks")
     if not named:
-        from .benchmarks import TASKS
+        from .tasks import TASKS
 
-        for i, t in enumerate(cfg.get("benchmarks", {}).get("tasks", []) or []):
+        for i, t in enumerate(cfg.get("tasks", {}).get("only", []) or []):
             if t not in TASKS:
                 raise config_error(f"benchmark task '{t}' is not defined; defined: "
-                                   f"{', '.join(TASKS)}", source, f"benchmarks.tasks[{i}]")
+                                   f"{', '.join(TASKS)}", source, f"tasks.only[{i}]")
         for name in cfg["datasets"]:
             if not tasks_for(cfg, name):
                 raise config_error(f"no benchmark task evaluates dataset '{name}' (tasks come from "
                                    "the skills/pycode/icd10 generators, or set "
-                                   f"benchmarks.lm_eval_tasks); defined tasks: {', '.join(TASKS)}",
+                                   f"tasks.lm_eval_tasks); defined tasks: {', '.join(TASKS)}",
                                    source, f"datasets.{name}")

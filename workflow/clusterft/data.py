@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from .benchmarks import TASKS, check_item, tasks_for_dataset
+from .tasks import TASKS, check_item, tasks_for_dataset
 from .errors import InputError
 from .io import set_offline_env, write_json, write_jsonl, write_parquet
 from .pool import check_unique, load_pool, validate_example, write_pool
@@ -158,13 +158,13 @@ def _custom_pool(source: str, cfg: dict, dataset: str) -> tuple[list[dict], list
 # ------------------------------------------------------------------------ the stage
 
 def run_prepare_data(dataset: str, cfg: Mapping[str, Any] | None, out_pool: str | os.PathLike,
-                     out_labels: str | os.PathLike, out_bench_dir: str | os.PathLike,
+                     out_labels: str | os.PathLike, out_items_dir: str | os.PathLike,
                      seed: int = 0, out_summary: str | os.PathLike | None = None) -> dict:
     """Stage `prepare_data`: write the pool, its labels and the dataset's benchmark items.
 
     `dataset` is the config name; `cfg["source"]` (default: the name) picks the builder.
     Writes `out_pool` (JSONL), `out_labels` (parquet: id, label) and
-    `<out_bench_dir>/<task>.jsonl` for every task of the source; returns a summary (also
+    `<out_items_dir>/<task>.jsonl` for every task of the source; returns a summary (also
     written to `out_summary` if given).
     """
     import pandas as pd
@@ -185,15 +185,15 @@ def run_prepare_data(dataset: str, cfg: Mapping[str, Any] | None, out_pool: str 
     if sorted(items) != sorted(expected):
         raise RuntimeError(f"{source}: built tasks {sorted(items)} != registry {expected}")
     for task, its in items.items():
-        where = str(Path(out_bench_dir) / f"{task}.jsonl")
+        where = str(Path(out_items_dir) / f"{task}.jsonl")
         for j, it in enumerate(its, start=1):
             check_item(it, TASKS[task], where, j)
     write_pool(out_pool, records)
     write_parquet(out_labels, pd.DataFrame({"id": [r["id"] for r in records],
                                             "label": [str(x) for x in labels]}))
-    Path(out_bench_dir).mkdir(parents=True, exist_ok=True)  # empty for a user's own pool
+    Path(out_items_dir).mkdir(parents=True, exist_ok=True)  # empty for a user's own pool
     for task, its in items.items():
-        write_jsonl(Path(out_bench_dir) / f"{task}.jsonl", its)
+        write_jsonl(Path(out_items_dir) / f"{task}.jsonl", its)
     summary = {
         "dataset": dataset, "source": source, "seed": seed, "n": len(records),
         "label_counts": dict(sorted(Counter(str(x) for x in labels).items(),

@@ -4,7 +4,7 @@
 to a benchmark item (`clusterft.pools.OverlapIndex`: exact prompt + answer, a shared word
 13-gram with content words, or a near-duplicate), against the items of EVERY dataset's
 tasks, not only the dataset's own (the built-in builders already avoid their own tasks by
-construction, so their own-task counts are 0). Then, by `benchmarks.decontaminate`:
+construction, so their own-task counts are 0). Then, by `tasks.decontaminate`:
 
 - ``drop``: remove the flagged examples (re-checked until nothing is flagged: the
   boilerplate statistics depend on the pool itself) and write the rest as `pool.jsonl`;
@@ -12,7 +12,7 @@ construction, so their own-task counts are 0). Then, by `benchmarks.decontaminat
 
 It writes one row per benchmark task (`contamination.csv`: counts by reason, dropped,
 remaining) and fails, naming the pool, the task and the count, if more than
-`benchmarks.max_overlap` examples overlapping one task remain (default 0). A record counts
+`tasks.max_overlap` examples overlapping one task remain (default 0). A record counts
 under the first benchmark item it matches.
 """
 
@@ -39,10 +39,10 @@ COLUMNS = ("dataset", "task", *REASONS, "overlapping", "action", "dropped", "rem
            "max_overlap")
 
 
-def load_items(bench_dirs: Sequence[str | os.PathLike]) -> dict[str, list[dict]]:
+def load_items(item_dirs: Sequence[str | os.PathLike]) -> dict[str, list[dict]]:
     """task name -> items, from `<dir>/<task>.jsonl` of every benchmark folder."""
     items: dict[str, list[dict]] = {}
-    for d in bench_dirs:
+    for d in item_dirs:
         for f in sorted(Path(d).glob("*.jsonl")) if Path(d).is_dir() else ():
             items[f.stem] = read_jsonl(f)
     return items
@@ -76,7 +76,7 @@ def decontaminate(records: list[dict], items: Mapping[str, Sequence[dict]], acti
     (record index, task, reason) of every overlapping record found)."""
     if action not in ACTIONS:
         raise InputError(f"unknown action '{action}'; valid: {', '.join(ACTIONS)}",
-                         field="benchmarks.decontaminate")
+                         field="tasks.decontaminate")
     counts: dict[str, Counter] = {t: Counter() for t in items}
     found: list[tuple[int, str, str]] = []
     alive = list(range(len(records)))
@@ -125,7 +125,7 @@ def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Non
 
 
 def run_decontaminate(dataset: str, raw_pool: str | os.PathLike,
-                      bench_dirs: Sequence[str | os.PathLike], cfg: Mapping[str, Any] | None,
+                      item_dirs: Sequence[str | os.PathLike], cfg: Mapping[str, Any] | None,
                       out_pool: str | os.PathLike, out_counts: str | os.PathLike) -> list[dict]:
     """Check (and by config clean) one pool against every benchmark; returns the table rows.
 
@@ -137,12 +137,12 @@ def run_decontaminate(dataset: str, raw_pool: str | os.PathLike,
     cfg = dict(cfg or {})
     unknown = set(cfg) - set(DEFAULTS) - set(OVERLAP_DEFAULTS)
     if unknown:
-        raise InputError(f"unknown keys {sorted(unknown)}", field="benchmarks")
+        raise InputError(f"unknown keys {sorted(unknown)}", field="tasks")
     action = cfg.get("action", DEFAULTS["action"])
     max_overlap = int(cfg.get("max_overlap", DEFAULTS["max_overlap"]))
     ov = {k: cfg.get(k, v) for k, v in OVERLAP_DEFAULTS.items()}
     records = load_pool(raw_pool)
-    items = load_items(bench_dirs)
+    items = load_items(item_dirs)
     kept, counts, found = decontaminate(records, items, action, ov)
     rows = table_rows(dataset, counts, action, max_overlap)
     first: dict[str, tuple[int, str]] = {}
@@ -157,14 +157,14 @@ def run_decontaminate(dataset: str, raw_pool: str | os.PathLike,
             f"pool '{dataset}' still has {worst['remaining']} examples overlapping benchmark task "
             f"'{worst['task']}' ({worst['exact']} exact, {worst['ngram']} 13-gram, "
             f"{worst['similar']} near-duplicate; first: record {records[i]['id']!r}, {reason}), "
-            f"more than benchmarks.max_overlap = {max_overlap} with benchmarks.decontaminate = "
+            f"more than tasks.max_overlap = {max_overlap} with tasks.decontaminate = "
             f"{action}" + (f" (also {others})" if others else "")
-            + "; set benchmarks.decontaminate: drop, or clean the pool",
-            path=str(raw_pool), line=i + 1, field="benchmarks.max_overlap")
+            + "; set tasks.decontaminate: drop, or clean the pool",
+            path=str(raw_pool), line=i + 1, field="tasks.max_overlap")
     if not kept:
         raise InputError(f"pool '{dataset}' is empty after decontamination: all {len(records)} "
                          f"records (lines 1-{len(records)}) overlap benchmark items and were "
-                         "dropped", path=str(raw_pool), field="benchmarks.decontaminate")
+                         "dropped", path=str(raw_pool), field="tasks.decontaminate")
     write_pool(out_pool, kept)
     write_csv(out_counts, rows)
     return rows

@@ -148,10 +148,10 @@ def task_yaml(name: str, output_type: str, data_file: Path, cfg: Mapping[str, An
     return doc
 
 
-def _bench_dirs(bench_dir: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
-    if isinstance(bench_dir, (str, os.PathLike)):
-        return [Path(bench_dir)]
-    return [Path(d) for d in bench_dir]
+def _item_dirs(item_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    if isinstance(item_dirs, (str, os.PathLike)):
+        return [Path(item_dirs)]
+    return [Path(d) for d in item_dirs]
 
 
 def _item_file(name: str, dirs: list[Path]) -> Path:
@@ -162,14 +162,14 @@ def _item_file(name: str, dirs: list[Path]) -> Path:
     return dirs[0] / f"{name}.jsonl"
 
 
-def split_builtin(tasks: Iterable[Any], bench_dir: Any) -> tuple[list[Any], list[str]]:
+def split_builtin(tasks: Iterable[Any], item_dirs: Any) -> tuple[list[Any], list[str]]:
     """Split tasks into repo-defined ones (an item file exists or the registry names it) and
-    lm-eval built-in task names (config/paper.yaml's `benchmarks.lm_eval_tasks`)."""
+    lm-eval built-in task names (config/paper.yaml's `tasks.lm_eval_tasks`)."""
     try:
-        from .benchmarks import TASKS as registry  # noqa: N811
+        from .tasks import TASKS as registry  # noqa: N811
     except ModuleNotFoundError:
         registry = {}
-    dirs = _bench_dirs(bench_dir)
+    dirs = _item_dirs(item_dirs)
     repo, builtin = [], []
     for t in tasks:
         if isinstance(t, str) and t not in registry and not _item_file(t, dirs).exists():
@@ -179,14 +179,14 @@ def split_builtin(tasks: Iterable[Any], bench_dir: Any) -> tuple[list[Any], list
     return repo, builtin
 
 
-def _resolve_specs(tasks: Iterable[Any], bench_dir: Any) -> list[dict[str, Any]]:
+def _resolve_specs(tasks: Iterable[Any], item_dirs: Any) -> list[dict[str, Any]]:
     """Normalise task names / TaskSpecs / dicts to dicts with name, output_type, unsafe_code.
 
-    `bench_dir` is one folder or a list of folders holding `<task>.jsonl` item files."""
+    `item_dirs` is one folder or a list of folders holding `<task>.jsonl` item files."""
     try:
-        from .benchmarks import TASKS as registry  # noqa: N811
+        from .tasks import TASKS as registry  # noqa: N811
     except ModuleNotFoundError as e:  # no registry module: infer the type from the items
-        if e.name != f"{__package__}.benchmarks":
+        if e.name != f"{__package__}.tasks":
             raise
         registry = {}
     out = []
@@ -195,7 +195,7 @@ def _resolve_specs(tasks: Iterable[Any], bench_dir: Any) -> list[dict[str, Any]]
         name = t if isinstance(t, str) else _spec_get(t, "name")
         if not name:
             raise InputError(f"task {t!r} has no name", field="tasks")
-        data_file = _item_file(name, _bench_dirs(bench_dir))
+        data_file = _item_file(name, _item_dirs(item_dirs))
         otype = _spec_get(spec, "output_type") if spec is not None else None
         otype = otype or infer_output_type(data_file)
         if otype not in METRIC:
@@ -208,17 +208,17 @@ def _resolve_specs(tasks: Iterable[Any], bench_dir: Any) -> list[dict[str, Any]]
     return out
 
 
-def write_task_yamls(tasks: Iterable[Any], bench_dir: str | os.PathLike, out_dir: str | os.PathLike,
+def write_task_yamls(tasks: Iterable[Any], item_dirs: str | os.PathLike, out_dir: str | os.PathLike,
                      cfg: Mapping[str, Any] | None = None) -> list[str]:
     """Write one lm-eval task YAML per task into out_dir; returns their paths.
 
-    `tasks`: task names (looked up in `clusterft.benchmarks.TASKS`, else the output type is
+    `tasks`: task names (looked up in `clusterft.tasks.TASKS`, else the output type is
     inferred from the items), TaskSpecs or dicts with `name`, `output_type` and optionally
     `unsafe_code`. Items are validated; data paths in the YAMLs are absolute.
     """
     cfg = merge_cfg(cfg)
     paths = []
-    for spec in _resolve_specs(tasks, bench_dir):
+    for spec in _resolve_specs(tasks, item_dirs):
         validate_items(spec["data_file"], spec["output_type"])
         doc = task_yaml(spec["name"], spec["output_type"], spec["data_file"], cfg,
                         spec["unsafe_code"])
@@ -410,7 +410,7 @@ def _register_paced_model() -> str:
 
 
 def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
-                 bench_dir: str | os.PathLike | list[str | os.PathLike],
+                 item_dirs: str | os.PathLike | list[str | os.PathLike],
                  cfg: Mapping[str, Any] | None, out_json: str | os.PathLike,
                  tasks_dir: str | os.PathLike, seed: int = 0) -> dict[str, Any]:
     """Evaluate `model_dir` on `tasks` (one lm-eval call); write results.json and the raw results.
@@ -425,11 +425,11 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
         raise InputError("not a model directory (no config.json)", path=model_dir)
     if not tasks:
         raise InputError("no tasks to evaluate", field="tasks")
-    repo_tasks, builtin = split_builtin(tasks, bench_dir)
-    specs = _resolve_specs(repo_tasks, bench_dir)
+    repo_tasks, builtin = split_builtin(tasks, item_dirs)
+    specs = _resolve_specs(repo_tasks, item_dirs)
     if builtin and not cfg["allow_builtin_tasks"]:
         raise InputError(f"tasks {builtin} are neither repo-defined benchmarks nor item files in "
-                         f"{[str(d) for d in _bench_dirs(bench_dir)]}; lm-eval built-in tasks "
+                         f"{[str(d) for d in _item_dirs(item_dirs)]}; lm-eval built-in tasks "
                          "need evaluate.allow_builtin_tasks: true", field="tasks")
     unsafe = [s["name"] for s in specs if s["unsafe_code"]]
     if unsafe and not cfg["confirm_run_unsafe_code"]:
@@ -437,7 +437,7 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
                          "evaluate.confirm_run_unsafe_code: true to run them",
                          field="evaluate.confirm_run_unsafe_code")
     write_task_yamls([{k: s[k] for k in ("name", "output_type", "unsafe_code")} for s in specs],
-                     bench_dir, tasks_dir, cfg)
+                     item_dirs, tasks_dir, cfg)
 
     import torch
     if cfg["num_threads"]:

@@ -190,9 +190,9 @@ def report_outputs():
     )
 
 
-def bench_dirs(wildcards):
-    """The benchmark folder of the run's dataset (held-out items of its generator)."""
-    return [f"results/benchmarks/{wildcards.dataset}"]
+def task_item_dirs(wildcards):
+    """The task-item folder of the run's dataset (held-out items of its generator)."""
+    return [f"results/tasks/{wildcards.dataset}"]
 
 
 def eval_tasks(wildcards):
@@ -270,11 +270,11 @@ CONTAMINATION_TABLE = "results/tables/contamination.csv"
 
 
 def decontaminate_cfg(wildcards):
-    """benchmarks.decontaminate / max_overlap and the dataset's overlap-check keys only
+    """tasks.decontaminate / max_overlap and the dataset's overlap-check keys only
     (so that changing e.g. the pool size alone reruns prepare_data, not this twice)."""
     from clusterft.pools import OVERLAP_DEFAULTS
 
-    bench = config["benchmarks"]
+    bench = config["tasks"]
     d = config["datasets"][wildcards.dataset]
     return canonical(
         {
@@ -286,7 +286,7 @@ def decontaminate_cfg(wildcards):
 
 
 def dataset_cfg(wildcards):
-    """A dataset's section; benchmarks.items_per_task applies unless the dataset sets it."""
-    items = config["benchmarks"].get("items_per_task")
+    """A dataset's section; tasks.items_per_task applies unless the dataset sets it."""
+    items = config["tasks"].get("items_per_task")
     extra = {"items_per_task": items} if items is not None else {}
     return canonical({**extra, **config["datasets"][wildcards.dataset]})

@@ -7,7 +7,7 @@ rule prepare_data:
         pool="results/data/{dataset}/pool.raw.jsonl",
         labels="results/data/{dataset}/labels.parquet",
         summary="results/data/{dataset}/summary.json",
-        benchmarks=directory("results/benchmarks/{dataset}"),
+        task_items=directory("results/tasks/{dataset}"),
     log:
         "logs/prepare_data/{dataset}.log",
     benchmark:
@@ -26,12 +26,12 @@ rule prepare_data:
 
 
 # Every pool against every benchmark task's items (exact, 13-gram, near-duplicate):
-# overlapping examples dropped or flagged (benchmarks.decontaminate); fails if more than
-# benchmarks.max_overlap overlapping examples remain for a task. Runs before score.
+# overlapping examples dropped or flagged (tasks.decontaminate); fails if more than
+# tasks.max_overlap overlapping examples remain for a task. Runs before score.
 rule decontaminate:
     input:
         pool="results/data/{dataset}/pool.raw.jsonl",
-        benchmarks=expand("results/benchmarks/{dataset}", dataset=DATASETS),
+        task_items=expand("results/tasks/{dataset}", dataset=DATASETS),
     output:
         pool="results/data/{dataset}/pool.jsonl",
         counts="results/data/{dataset}/contamination.csv",
@@ -77,7 +77,7 @@ rule contamination_table:
 rule corpus:
     input:
         pools=expand("results/data/{dataset}/pool.raw.jsonl", dataset=DATASETS),
-        benchmarks=expand("results/benchmarks/{dataset}", dataset=DATASETS),
+        task_items=expand("results/tasks/{dataset}", dataset=DATASETS),
     output:
         "results/corpus/general.txt",
     log:

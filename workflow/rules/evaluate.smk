@@ -5,7 +5,7 @@
 rule evaluate:
     input:
         model=f"results/train/{RUN}/model",
-        benchmarks=bench_dirs,
+        task_items=task_item_dirs,
     output:
         results=f"results/eval/{RUN}/results.json",
         raw=f"results/eval/{RUN}/results.lm_eval.json",
@@ -32,7 +32,7 @@ rule evaluate:
 use rule evaluate as evaluate_base with:
     input:
         model="results/models/{model}/base",
-        benchmarks=bench_dirs,
+        task_items=task_item_dirs,
     output:
         results="results/eval/{dataset}/{model}/base/results.json",
         raw="results/eval/{dataset}/{model}/base/results.lm_eval.json",

@@ -5,7 +5,7 @@ from clusterft.corpus import run_corpus
 from clusterft.smk import logged
 
 with logged(snakemake.log[0]):
-    bench_files = sorted(str(p) for d in snakemake.input.benchmarks for p in Path(d).glob("*.jsonl"))
+    bench_files = sorted(str(p) for d in snakemake.input.task_items for p in Path(d).glob("*.jsonl"))
     run_corpus(
         snakemake.params.cfg,
         snakemake.output[0],

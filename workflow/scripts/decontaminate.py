@@ -10,7 +10,7 @@ try:
         run_decontaminate(
             snakemake.wildcards.dataset,
             snakemake.input.pool,
-            list(snakemake.input.benchmarks),
+            list(snakemake.input.task_items),
             snakemake.params.cfg,
             out_pool=snakemake.output.pool,
             out_counts=snakemake.output.counts,

@@ -6,7 +6,7 @@ with logged(snakemake.log[0]):
     run_evaluate(
         snakemake.input.model,
         list(snakemake.params.tasks),
-        list(snakemake.input.benchmarks),
+        list(snakemake.input.task_items),
         snakemake.params.cfg,
         out_json=snakemake.output.results,
         tasks_dir=snakemake.output.tasks,

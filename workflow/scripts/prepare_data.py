@@ -8,7 +8,7 @@ with logged(snakemake.log[0]):
         snakemake.params.cfg,
         out_pool=snakemake.output.pool,
         out_labels=snakemake.output.labels,
-        out_bench_dir=snakemake.output.benchmarks,
+        out_items_dir=snakemake.output.task_items,
         out_summary=snakemake.output.summary,
         seed=snakemake.params.seed,
     )

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from clusterft.benchmarks import TASKS
+from clusterft.tasks import TASKS
 from clusterft.io import atomic_path
 from clusterft.report import run_report
 from clusterft.smk import logged

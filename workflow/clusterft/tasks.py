@@ -2,7 +2,7 @@
 
 Items are built by the pool modules (`clusterft.pools.<dataset>.build`) BEFORE their pool,
 from held-out inputs, and written by `clusterft.data.run_prepare_data` to
-`<bench_dir>/<task>.jsonl`. Formats (see docs/design.md):
+`<item_dir>/<task>.jsonl`. Formats (see docs/design.md):
 - generate_until: {"id", "prompt", "answer", "group"}; exact match after strip;
 - multiple_choice: {"id", "prompt", "choices", "label", "group"}; acc. Choices are the exact
   continuation of the prompt (which ends with "### Response:\\n"), written the way pool

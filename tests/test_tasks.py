@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from clusterft.benchmarks import (DOMAINS, TASKS, TaskSpec, check_item, tasks_for_dataset,
+from clusterft.tasks import (DOMAINS, TASKS, TaskSpec, check_item, tasks_for_dataset,
                                   tasks_for_domain)
 from clusterft.data import run_prepare_data
 from clusterft.pool import load_pool
