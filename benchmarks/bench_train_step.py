@@ -6,9 +6,8 @@ per rank) and is timed as the best of ``--repeats`` passes over ``--steps`` batc
 prints seconds per step, the ratio to the plain step, padded tokens per step, and the
 largest gradient difference from the plain step (the rewrites are exact, so this is
 float noise; bf16 autocast, run where the CPU has native bf16, is not exact). The bf16 row is
-one process: on the 2-core build machine two concurrent torchrun ranks in bf16 were no
-faster (large model) or 2x slower (small) than fp32, so ``precision: auto`` keeps fp32 on
-CPUs; the other rows' gains held under torchrun (0.53-0.84x s/step).
+one process; benchmarks/README.md records what it and the other rows gave, and under
+torchrun, on the machines measured.
 
 Examples come from a real run when given (``--workdir`` of a finished run and
 ``--dataset``: its pool, tokenizer and base model), else they are synthetic: log-normal

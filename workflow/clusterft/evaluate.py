@@ -33,6 +33,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import yaml
 
 from .sections import merge_section
+from .distributed import resolve_device
 from .errors import InputError
 from .io import read_jsonl, set_offline_env, write_json, write_text
 
@@ -60,7 +61,7 @@ DEFAULTS: dict[str, Any] = {
     # Allow tasks marked unsafe_code (they execute model-written code); off by default.
     "confirm_run_unsafe_code": False,
     # Let lm-eval record torch's collect_env report in the raw results (runs `pip list` and
-    # more in subprocesses: ~1-2 s per evaluation here); off records versions only.
+    # more in subprocesses: seconds per evaluation); off records versions only.
     "collect_env_info": False,
     # Folder of task YAML templates; null uses workflow/tasks/ beside the package.
     "templates_dir": None,
@@ -317,13 +318,6 @@ def _light_env_info(enabled: bool) -> Iterator[None]:
         ev.add_env_info = original
 
 
-def _resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
-
-
 def check_context_lengths(model_dir: str, specs: list[dict[str, Any]], cfg: Mapping[str, Any]
                           ) -> dict[str, int]:
     """Count, per task, the prompts (+ longest choice or max_gen_toks) over the context length."""
@@ -460,7 +454,7 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
     with _light_env_info(bool(cfg["collect_env_info"])):
         raw = lm_eval.simple_evaluate(
             model=_register_paced_model(), model_args=model_args, tasks=[s["name"] for s in specs] + builtin, task_manager=tm,
-            batch_size=int(cfg["batch_size"]), device=_resolve_device(cfg["device"]),
+            batch_size=int(cfg["batch_size"]), device=resolve_device(cfg["device"], "evaluate.device"),
             limit=cfg["limit"], log_samples=False, bootstrap_iters=int(cfg["bootstrap_iters"]),
             random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
             fewshot_random_seed=seed, confirm_run_unsafe_code=bool(cfg["confirm_run_unsafe_code"]),

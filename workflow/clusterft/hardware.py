@@ -2,8 +2,8 @@
 Snakemake parses the workflow, where importing torch would cost seconds).
 
 bf16 autocast is fast on a CPU only where it computes bfloat16 natively (AVX512-BF16 or AMX
-on x86, the BF16 extension on Arm); elsewhere oneDNN emulates it, about 10x slower than
-fp32. ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` cap the kernels torch may use: a CPU
+on x86, the BF16 extension on Arm); elsewhere oneDNN emulates it, many times slower than
+fp32 (README, "CPUs, precision and reproducibility"). ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` cap the kernels torch may use: a CPU
 with native bf16 run under ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` takes the
 same kernels as one without, so it counts as non-native here too.
 """
@@ -88,8 +88,8 @@ def cuda_visible() -> bool:
 def emulated_bf16_message(field: str) -> str:
     """What to tell a user whose ``field`` asks for bf16 on a CPU that emulates it."""
     why = isa_cap() or "no AVX512-BF16 or AMX"
-    return (f"{field}: bf16 on a CPU that emulates bfloat16 ({why}): expect steps about 10x "
-            f"slower than fp32. Set {field} to fp32 (or auto, which is fp32 on every CPU).")
+    return (f"{field}: bf16 on a CPU that emulates bfloat16 ({why}): expect steps many "
+            f"times slower than fp32 (benchmarks/README.md). Set {field} to fp32 (or auto, which is fp32 on every CPU).")
 
 
 def describe() -> dict[str, object]:

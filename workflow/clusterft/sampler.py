@@ -63,8 +63,8 @@ Cost: vectorised numpy. Python loops run over the steps that hold remainders (ra
 relabelling), over the slots of one global batch (greedy deal; each iteration vectorised over
 all steps), over refinement rounds, over the few alternating paths that even out epoch
 counts, and in grouping mode over steps (level filling); no loop over pairs of examples.
-About 0.3 s per epoch for 50k examples (20 clusters, 4 x 16; ~0.4 ms per step, see
-``benchmarks/bench_sampler.py``). Memory is O(steps x replicas x clusters).
+``benchmarks/bench_sampler.py`` times an epoch's plan against a training step. Memory is
+O(steps x replicas x clusters).
 """
 
 from __future__ import annotations

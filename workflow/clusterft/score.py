@@ -13,7 +13,8 @@ Pipeline (``compute_features``):
    - ``method: hook`` (default): forward hooks keep each LoRA linear layer's input ``x``
      and output ``y``; ``torch.autograd.grad(sum of per-example losses, [y...])`` gives
      every output gradient ``dy``; then ``dW[b] = einsum("bto,bti->boi", dy, x)``. Exact,
-     and about one training step of cost (NOTES.md: 2.1x faster than a loop on CPU).
+     and about one training step of cost (``benchmarks/bench_score.py`` times it against
+     a batch-size-1 loop).
    - ``method: func``: ``torch.func.vmap(grad(functional_call))`` over the batch.
    Both match a batch-size-1 loop (tests). Batches are formed from length-sorted
    examples to cut padding (each example's gradient does not depend on its batch mates).
@@ -89,15 +90,16 @@ DEFAULTS: dict = {
     # Random projection: rademacher (+-1/sqrt(dim)) or gaussian (N(0, 1/dim)).
     "projection": "rademacher",
     # Attention kernel while scoring: eager, sdpa, or null (keep the model's, sdpa for HF
-    # Llama). On 1 CPU thread with the models here neither was consistently faster
-    # (within ~15%, benchmarks/bench_score.py); the features agree to cosine > 0.999.
+    # Llama). The two give the same features up to float rounding; which is faster depends
+    # on the machine and the model (benchmarks/README.md).
     "attn_implementation": None,
     # Device: auto (cuda if available, else cpu), cpu, cuda, cuda:N.
     "device": "auto",
     # Torch intra-op threads; 0 uses run_score's `threads` argument (Snakemake's), else
-    # torch's default. Default 1: on 2 shared CPU cores the tiny models here scored 3-5x
-    # faster with 1 thread than with 2 (thread sync costs more than these small matmuls
-    # gain); raise it for bigger models on more cores.
+    # torch's default. Default 1: the score rule books one core, so Snakemake runs as many
+    # scoring jobs side by side as there are cores; whether a second thread speeds one job
+    # up depends on the CPU and on what else runs (benchmarks/README.md). Raise it for
+    # bigger models on more cores.
     "num_threads": 1,
 }
 

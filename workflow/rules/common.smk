@@ -249,7 +249,7 @@ def train_cfg(wildcards):
 
 
 def train_launcher(wildcards):
-    """One rank: plain `python` (torchrun's launcher process adds about 1.5 s per job and
+    """One rank: plain `python` (torchrun's launcher process adds seconds per job and
     nothing else: one rank trains without a process group; benchmarks/bench_job_overhead.py).
     More ranks: torchrun.
     """
