@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from .errors import InputError
+from .io import read_text
 from .hardware import cuda_visible, emulated_bf16_message, native_bf16_cpu
 from .names import DISTRIBUTIONS, METHODS
 from .tokenize import POLICIES
@@ -34,7 +35,10 @@ def load_config(path: str | Path, validate: bool = True) -> dict:
     if not p.exists():
         raise InputError("config file does not exist", path=str(p))
     try:
-        cfg = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        cfg = yaml.safe_load(read_text(p)) or {}
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 ({e.reason} at byte {e.start}); save the config as UTF-8",
+                         path=str(p)) from e
     except yaml.YAMLError as e:
         raise InputError(f"malformed YAML: {e}", path=str(p)) from e
     if validate:
@@ -52,7 +56,7 @@ def yaml_line(source: str | Path | None, field: str) -> int | None:
     if not source:
         return None
     try:
-        text = Path(source).read_text(encoding="utf-8")
+        text = read_text(source)
         node = yaml.compose(text)
     except (OSError, ValueError, yaml.YAMLError):
         return None

@@ -23,7 +23,6 @@ length for the ICD-10 lines). Documents are separated by two blank lines (the fo
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -34,7 +33,7 @@ from tqdm import tqdm
 
 from .sections import merge_section
 from .errors import InputError
-from .io import write_json, write_text
+from .io import read_jsonl, write_json, write_text
 from .pools import ngrams, stdlib_snapshot, words
 from .pools import pycode as pycode_pool
 
@@ -77,21 +76,14 @@ def exclude_texts(paths: Iterable[str | os.PathLike]) -> list[str]:
         p = Path(path)
         if not p.exists():
             raise InputError("exclude file does not exist", path=str(p))
-        with open(p, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise InputError(f"malformed JSON: {e.msg}", path=str(p), line=lineno) from e
-                for m in rec.get("messages", []) or []:
-                    if isinstance(m, dict) and isinstance(m.get("content"), str):
-                        out.append(m["content"])
-                for key in ("prompt", "answer"):
-                    if isinstance(rec.get(key), str):
-                        out.append(rec[key])
-                out.extend(c for c in rec.get("choices", []) or [] if isinstance(c, str))
+        for rec in read_jsonl(p):
+            for m in rec.get("messages", []) or []:
+                if isinstance(m, dict) and isinstance(m.get("content"), str):
+                    out.append(m["content"])
+            for key in ("prompt", "answer"):
+                if isinstance(rec.get(key), str):
+                    out.append(rec[key])
+            out.extend(c for c in rec.get("choices", []) or [] if isinstance(c, str))
     return out
 
 

@@ -35,7 +35,7 @@ import yaml
 from .sections import merge_section
 from .distributed import resolve_device
 from .errors import InputError
-from .io import read_jsonl, set_offline_env, write_json, write_text
+from .io import BOM, read_jsonl, set_offline_env, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
@@ -221,12 +221,22 @@ def write_task_yamls(tasks: Iterable[Any], item_dirs: str | os.PathLike, out_dir
     paths = []
     for spec in _resolve_specs(tasks, item_dirs):
         validate_items(spec["data_file"], spec["output_type"])
-        doc = task_yaml(spec["name"], spec["output_type"], spec["data_file"], cfg,
-                        spec["unsafe_code"])
+        data_file = plain_jsonl(spec["data_file"], Path(out_dir) / f"{spec['name']}.items.jsonl")
+        doc = task_yaml(spec["name"], spec["output_type"], data_file, cfg, spec["unsafe_code"])
         path = Path(out_dir) / f"{spec['name']}.yaml"
         write_text(path, yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
         paths.append(str(path))
     return paths
+
+
+def plain_jsonl(path: str | os.PathLike, copy_to: Path) -> Path:
+    """``path`` itself when it is plain JSONL (no byte-order mark, LF line ends), else a
+    plain copy at ``copy_to``: lm-eval's own JSON loader is stricter than our readers."""
+    raw = Path(path).read_bytes()
+    if not raw.startswith(BOM) and b"\r" not in raw:
+        return Path(path)
+    write_jsonl(copy_to, read_jsonl(path))
+    return copy_to
 
 
 BUILTIN_METRICS = ("acc,none", "exact_match,strict-match", "exact_match,none", "pass@1,create_test",

@@ -56,12 +56,31 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
 
+BOM = b"\xef\xbb\xbf"
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """A user's text file as str: UTF-8 with or without a byte-order mark (Windows tools
+    write one), CRLF or LF line ends (both read as LF); UnicodeDecodeError if not UTF-8."""
+    text = Path(path).read_bytes().decode("utf-8-sig")
+    return text.replace("\r\n", "\n")
+
+
+def text_lines(f) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line bytes) of a binary file, the first line's byte-order mark
+    and every line's CR LF or LF end removed; a last line without a newline counts."""
+    for lineno, raw in enumerate(f, start=1):
+        if lineno == 1:
+            raw = raw.removeprefix(BOM)
+        yield lineno, raw.rstrip(b"\r\n")
+
+
 def read_json(path: str | os.PathLike) -> Any:
     p = Path(path)
     if not p.exists():
         raise InputError("file does not exist", path=str(p))
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        return json.loads(read_text(p))
     except UnicodeDecodeError as e:
         raise InputError(f"not UTF-8 ({e})", path=str(p)) from e
     except json.JSONDecodeError as e:
@@ -75,7 +94,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
         raise InputError("file does not exist; check the path in the config", path=str(p))
     out: list[dict] = []
     with open(p, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in text_lines(f):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:

@@ -17,7 +17,7 @@ from typing import Iterable
 
 from .errors import InputError
 from .hf import load_tokenizer, resolve_model, save_model_dir
-from .io import atomic_path, set_offline_env, write_json
+from .io import atomic_path, read_text, set_offline_env, write_json
 from .pretrain import DEFAULTS as PRETRAIN_DEFAULTS
 from .pretrain import pretrain
 from .sections import merge_section
@@ -109,7 +109,7 @@ def read_corpus(path: str | os.PathLike) -> list[str]:
     if not p.exists():
         raise InputError("corpus file does not exist", path=str(p))
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_text(p)
     except UnicodeDecodeError as e:
         raise InputError(f"corpus is not UTF-8 ({e.reason} at byte {e.start})", path=str(p)) from e
     docs = [d.strip("\n") for d in re.split(r"\n\s*\n\s*\n", text)]

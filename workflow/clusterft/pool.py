@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .errors import InputError
-from .io import write_jsonl
+from .io import text_lines, write_jsonl
 
 ROLES = ("system", "user", "assistant")
 
@@ -116,7 +116,7 @@ def load_pool(path: str | os.PathLike, max_examples: int | None = None) -> list[
     out: list[dict] = []
     ids: dict[str, int] = {}
     with open(p, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in text_lines(f):
             if max_examples is not None and len(out) >= max_examples:
                 break
             try:

@@ -59,7 +59,7 @@ def read_run_table(runs: str | os.PathLike | Iterable[Mapping[str, Any]]) -> lis
         if p.suffix == ".csv":
             if not p.exists():
                 raise InputError("run table does not exist", path=str(p))
-            return pd.read_csv(p, keep_default_na=True).to_dict("records")
+            return pd.read_csv(p, keep_default_na=True, encoding="utf-8-sig").to_dict("records")
         data = read_json(p)
         if not isinstance(data, list):
             raise InputError("run table must be a JSON list of objects", path=str(p))

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from .errors import InputError
+from .io import read_text
 
 
 def parse_section_arg(value: str | None, section: str) -> dict:
@@ -21,7 +22,7 @@ def parse_section_arg(value: str | None, section: str) -> dict:
         return {}
     if Path(value).exists():
         try:
-            cfg = yaml.safe_load(Path(value).read_text(encoding="utf-8")) or {}
+            cfg = yaml.safe_load(read_text(value)) or {}
         except yaml.YAMLError as e:
             raise InputError(f"malformed YAML/JSON: {e}", path=value) from e
     else:
