@@ -208,6 +208,14 @@ def run_cluster(features: str | os.PathLike, scores: str | os.PathLike, cfg: dic
         x = np.load(features)
     except ValueError as e:
         raise InputError(f"not a .npy array ({e})", path=str(features)) from e
+    if x.ndim != 2:
+        raise InputError(f"features must be a 2-D array [examples, dim], got shape {x.shape}",
+                         path=str(features))
+    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+    if len(bad):
+        raise InputError(f"{len(bad)} rows hold NaN or infinite values (rows "
+                         f"{bad[:5].tolist()}): the score run that wrote them diverged; rerun "
+                         "score (lower score.warmup_lr)", path=str(features))
     df = pd.read_parquet(scores)
     if "id" not in df.columns:
         raise InputError("no 'id' column", path=str(scores), field="id")

@@ -209,7 +209,8 @@ def save_model(model, tokenizer, out_dir: str | os.PathLike, extra=None) -> None
 
 
 def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, size_cfg: dict,
-                   pretrain_cfg: dict, out_dir: str | os.PathLike, seed: int = 0) -> dict:
+                   pretrain_cfg: dict, out_dir: str | os.PathLike, seed: int = 0,
+                   field: str = "pretrain") -> dict:
     """Stage `base_model`: build a Llama of ``size_cfg``, pretrain it, save model + tokenizer.
 
     Writes ``out_dir`` (HF dir loadable by AutoModelForCausalLM / lm-eval ``hf``) with a
@@ -222,7 +223,7 @@ def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, 
     tok = load_tokenizer(tokenizer_dir)
     model = build_model(tok, size_cfg, seed)
     docs = read_corpus(corpus)
-    metrics = pretrain(model, tok, docs, pretrain_cfg, seed) if int((pretrain_cfg or {}).get(
+    metrics = pretrain(model, tok, docs, pretrain_cfg, seed, field) if int((pretrain_cfg or {}).get(
         "steps", PRETRAIN_DEFAULTS["steps"])) > 0 else {"steps": 0}
     metrics["params"] = count_params(model)
     metrics["size"] = dict(size_cfg)
@@ -258,7 +259,8 @@ def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model
         size = model_cfg.get("size", name)
         size_cfg = size_config(size)
         pcfg = merge_section(PRETRAIN_DEFAULTS, model_cfg.get("pretrain"), f"models.{name}.pretrain")
-        return run_base_model(tokenizer_dir, corpus, size_cfg, pcfg, out_dir, seed)
+        return run_base_model(tokenizer_dir, corpus, size_cfg, pcfg, out_dir, seed,
+                              field=f"models.{name}.pretrain")
     if source not in (HUB, PATH):
         raise InputError(f"unknown source '{source}' ({'|'.join(SOURCES)})", field=f"models.{name}.source")
     key = "hub_id" if source == HUB else "path"

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import hardware
 from .errors import InputError
-from .optim import adamw
+from .optim import adamw, check_finite
 from .precision import autocast, resolve_precision
 
 DEFAULTS: dict = {
@@ -56,8 +56,10 @@ def pack_blocks(tokenizer, texts: Iterable[str], block_size: int) -> "np.ndarray
     return np.asarray(ids[: n * block_size], dtype=np.int64).reshape(n, block_size)
 
 
-def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -> dict:
-    """Briefly pretrain ``model`` in place as a causal LM on packed blocks; return metrics."""
+def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0,
+             field: str = "pretrain") -> dict:
+    """Briefly pretrain ``model`` in place as a causal LM on packed blocks; return metrics.
+    ``field``: the config section of these settings, named by a divergence error."""
     import torch
 
     from .pace import Pace
@@ -99,8 +101,12 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0) -
             with autocast(model.device, precision):
                 out = model(input_ids=batch, labels=batch)
             out.loss.backward()
+            norm = None
             if cfg["grad_clip"]:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["grad_clip"]))
+                norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                            float(cfg["grad_clip"])))
+            check_finite(float(out.loss.detach()), norm, step=_step + 1, total=steps,
+                         run=f"pretraining ({field})", field=field, lr=float(cfg["lr"]))
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)

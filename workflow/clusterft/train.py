@@ -189,13 +189,15 @@ def load_model(model_dir: str, cfg: dict):
 # --------------------------------------------------------------------------- training
 
 def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg: dict, d: Dist,
-               distribution: str, seed: int, ckpt_dir: Path | None = None) -> dict:
-    """Fine-tune ``model`` in place on ``examples``; returns the metrics (same on every rank)."""
+               distribution: str, seed: int, ckpt_dir: Path | None = None,
+               run_name: str = "train") -> dict:
+    """Fine-tune ``model`` in place on ``examples``; returns the metrics (same on every rank).
+    A loss or gradient that stops being finite raises DivergedError naming ``run_name``."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .microbatch import CausalLMLoss, backward_step, label_count
-    from .optim import adamw
+    from .optim import adamw, check_finite
     from .pace import Pace
     from .sampler import epoch_batches, make_sampler
     from .tokenize import Collator
@@ -261,8 +263,16 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
                 ddp, step_examples, collate, float(cfg["group_cost_tokens"]), d.device,
                 precision == "bf16", no_sync=ddp.no_sync if d.initialized else None,
                 denom=denom, pad_to_multiple_of=pad_multiple)
+            # The gradients are summed over the ranks by now, so every rank sees the same norm
+            # and stops together (a NaN loss on one rank makes every rank's gradient NaN).
             if float(cfg["grad_clip"]) > 0:
-                torch.nn.utils.clip_grad_norm_(params, float(cfg["grad_clip"]))
+                norm = float(torch.nn.utils.clip_grad_norm_(params, float(cfg["grad_clip"])))
+            else:
+                norm = float(torch.linalg.vector_norm(torch.stack(
+                    [p.grad.detach().norm() for p in params if p.grad is not None])))
+            check_finite(None, norm, step=step + 1, total=total_steps, run=run_name,
+                         field="train", lr=float(cfg["lr"]),
+                         checkpoint=str(ckpt_dir) if ckpt_dir is not None and ckpt_dir.exists() else None)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
@@ -374,7 +384,8 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
         model = load_model(model_dir, cfg)
         seed_everything(seed * 1000 + d.rank)  # per-rank dropout streams
         ckpt_dir = Path(str(out_dir).rstrip("/") + ".ckpt") if int(cfg["checkpoint_every"]) > 0 else None
-        metrics = train_loop(model, tokenizer, examples, clusters, cfg, d, distribution, seed, ckpt_dir)
+        metrics = train_loop(model, tokenizer, examples, clusters, cfg, d, distribution, seed,
+                             ckpt_dir, run_name=f"train {out_dir}")
         metrics.update({
             "total_time_s": round(time.perf_counter() - t_total, 4),
             "rejected_examples": rejected,
