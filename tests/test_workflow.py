@@ -325,3 +325,38 @@ def test_workflow_stops_on_remaining_overlap_and_drop_cleans_it(tmp_path: Path) 
     table = pd.read_csv(work / "results/data/mine/contamination.csv").set_index("task")
     assert table.loc["skills_words", "dropped"] == 1 and table["remaining"].sum() == 0
     assert table.loc["skills_words", ["exact", "ngram", "similar"]].sum() == 1
+
+
+# ----------------------------------------------------------------------- concurrent runs
+
+def test_a_second_run_on_the_same_folder_is_refused_and_the_first_finishes(tmp_path: Path) -> None:
+    """Snakemake's directory lock: while one run works in a folder, a second run there stops
+    at once with a message saying why and what to do; the first run finishes unharmed."""
+    work = tmp_path / "work"
+    work.mkdir()
+    # several jobs (data, corpus, tokenizer, pretraining): the first run is still working
+    # when the second one starts
+    target = "results/models/tiny/base"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
+           str(work), "--configfile", str(SMOKE), "--cores", "1", target]
+    first = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        import time
+
+        locks = work / ".snakemake" / "locks"
+        deadline = time.monotonic() + 120
+        while not (locks.is_dir() and any(locks.iterdir())):
+            assert first.poll() is None, "the first run ended before it took the lock"
+            assert time.monotonic() < deadline, "no lock after 120 s"
+            time.sleep(0.2)
+        second = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    finally:
+        log, _ = first.communicate(timeout=600)
+    text = second.stdout + second.stderr
+    assert second.returncode != 0
+    assert "cannot be locked" in text and "--unlock" in text, text[-2000:]
+    assert first.returncode == 0, log[-3000:]
+    assert json.loads((work / target / "pretrain_metrics.json").read_text())["steps"] > 0
+    assert planned_rules(work, target) == {}  # complete: nothing left to redo
