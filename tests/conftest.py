@@ -111,3 +111,22 @@ def tiny_pool_path(tmp_path_factory, tiny_pool) -> Path:
     p = tmp_path_factory.mktemp("pool") / "pool.jsonl"
     write_jsonl(p, tiny_pool)
     return p
+
+
+# The three built-in datasets at test sizes (default task-item counts), prepared once per
+# session: test_pools checks the pools, test_tasks the items drawn beside them.
+PREPARED_SIZES = {"skills": {"n": 2000}, "pycode": {"n": 2100},
+                  "icd10": {"n": 2000, "min_examples": 500}}
+
+
+@pytest.fixture(scope="session")
+def prepared_root(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """(root, summary per dataset): root/<dataset>/{pool.jsonl, labels.parquet} and every
+    task's items in root/bench/, seed 0."""
+    from clusterft.data import run_prepare_data
+
+    root = tmp_path_factory.mktemp("prepared")
+    summaries = {ds: run_prepare_data(ds, cfg, root / ds / "pool.jsonl",
+                                      root / ds / "labels.parquet", root / "bench", seed=0)
+                 for ds, cfg in PREPARED_SIZES.items()}
+    return root, summaries

@@ -25,7 +25,6 @@ from clusterft.pool import load_pool
 from clusterft.decontaminate import run_decontaminate
 from clusterft.errors import InputError
 from clusterft.io import write_parquet
-from clusterft.tokenize import POLICIES
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD = Path(__file__).resolve().parent / "bad_inputs"

@@ -19,10 +19,10 @@ DIVERGING_LR = 1.0e10
 
 
 def test_finite_values_pass_and_non_finite_ones_name_everything() -> None:
-    check_finite(2.5, 0.7, step=3, total=10, run="r", field="train", lr=1e-3)
+    check_finite(2.5, 0.7, step=3, total=10, run="r", lr_field="train.lr", lr=1e-3)
     with pytest.raises(DivergedError, match=r"r: gradient norm inf at step 3 of 10.*train\.lr "
                                             r"\(now 0\.001\).*ckpt/x\) is kept") as e:
-        check_finite(2.5, float("inf"), step=3, total=10, run="r", field="train", lr=1e-3,
+        check_finite(2.5, float("inf"), step=3, total=10, run="r", lr_field="train.lr", lr=1e-3,
                      checkpoint="ckpt/x")
     assert isinstance(e.value, InputError) and e.value.field == "train.lr"
 

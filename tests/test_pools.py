@@ -15,20 +15,19 @@ from clusterft.errors import InputError
 from clusterft.pools import icd10, pycode, skills, stdlib_snapshot, zipf_counts
 from clusterft.prompt import render_prompt
 
-SMALL = {"skills": {"n": 2000}, "pycode": {"n": 2100},
-         "icd10": {"n": 2000, "min_examples": 500}}
+from conftest import PREPARED_SIZES
+
+SMALL = PREPARED_SIZES
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+def prepared(prepared_root):
     """The three datasets prepared once (default benchmark sizes), seed 0."""
-    root = tmp_path_factory.mktemp("data")
+    root, summaries = prepared_root
     out = {}
-    for ds, cfg in SMALL.items():
+    for ds in SMALL:
         d = root / ds
-        summary = run_prepare_data(ds, cfg, d / "pool.jsonl", d / "labels.parquet",
-                                   root / "bench", seed=0)
-        out[ds] = {"dir": d, "summary": summary, "pool": load_pool(d / "pool.jsonl"),
+        out[ds] = {"dir": d, "summary": summaries[ds], "pool": load_pool(d / "pool.jsonl"),
                    "labels": pd.read_parquet(d / "labels.parquet")}
     out["bench"] = root / "bench"
     return out

@@ -9,7 +9,6 @@ import pytest
 
 from clusterft.tasks import (DOMAINS, TASKS, TaskSpec, check_item, tasks_for_dataset,
                                   tasks_for_domain)
-from clusterft.data import run_prepare_data
 from clusterft.pool import load_pool
 from clusterft.errors import InputError
 from clusterft.io import read_jsonl
@@ -17,18 +16,14 @@ from clusterft.pools import (OverlapIndex, icd10, item_pair, make_record, overla
                              record_pair, skills, words)
 from clusterft.prompt import RESPONSE, render_prompt
 
-SMALL = {"skills": {"n": 2000}, "pycode": {"n": 2100},
-         "icd10": {"n": 2000, "min_examples": 500}}
+from conftest import PREPARED_SIZES
+
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench")
-    pools = {}
-    for ds, cfg in SMALL.items():
-        run_prepare_data(ds, cfg, root / ds / "pool.jsonl", root / ds / "labels.parquet",
-                         root / "bench", seed=0)
-        pools[ds] = load_pool(root / ds / "pool.jsonl")
+def prepared(prepared_root):
+    root, _ = prepared_root
+    pools = {ds: load_pool(root / ds / "pool.jsonl") for ds in PREPARED_SIZES}
     items = {t: read_jsonl(root / "bench" / f"{t}.jsonl") for t in TASKS}
     return {"pools": pools, "items": items}
 

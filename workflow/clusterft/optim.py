@@ -52,21 +52,22 @@ class DivergedError(InputError):
     """A loss or gradient that is no longer finite: the run diverged (a config to change)."""
 
 
-def check_finite(loss: float, grad_norm: float | None, *, step: int, total: int, run: str,
-                 field: str, lr: float, checkpoint: str | None = None) -> None:
+# What else to try when a loop with gradient clipping and a precision setting diverges.
+CLIP_OR_FP32 = ", keep gradient clipping on (grad_clip > 0) or use fp32 where bf16 was set"
+
+
+def check_finite(loss: float | None, grad_norm: float | None, *, step: int, total: int,
+                 run: str, lr_field: str, lr: float, hint: str = "",
+                 checkpoint: str | None = None) -> None:
     """Stop a training loop whose loss or gradient norm is NaN or infinite, before the
-    optimiser step writes it into the weights; the error names the step, the run, what to
-    try and the checkpoint that is kept. ``field`` is the config section (``train``,
-    ``models.small.pretrain``, ``score``) whose learning rate to lower."""
+    optimiser step writes it into the weights; the error names the step, the run, the
+    learning-rate key ``lr_field`` to lower (``train.lr``, ``models.small.pretrain.lr``,
+    ``score.warmup_lr``), ``hint`` (what else to try) and the checkpoint that is kept."""
     bad = [f"{name} {value}" for name, value in (("loss", loss), ("gradient norm", grad_norm))
            if value is not None and not math.isfinite(float(value))]
     if not bad:
         return
     kept = (f"; the last checkpoint ({checkpoint}) is kept and a rerun with a lower lr "
             "starts over from scratch, as its fingerprint differs" if checkpoint else "")
-    key = "warmup_lr" if field.endswith("score") else "lr"
-    also = "" if key == "warmup_lr" else (", keep gradient clipping on (grad_clip > 0) or use "
-                                          "fp32 where bf16 was set")
     raise DivergedError(f"{run}: {' and '.join(bad)} at step {step} of {total}: training "
-                        f"diverged. Lower {field}.{key} (now {lr:g}){also}{kept}",
-                        field=f"{field}.{key}")
+                        f"diverged. Lower {lr_field} (now {lr:g}){hint}{kept}", field=lr_field)

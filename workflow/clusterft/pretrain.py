@@ -9,7 +9,7 @@ import numpy as np
 
 from . import hardware
 from .errors import InputError
-from .optim import adamw, check_finite
+from .optim import CLIP_OR_FP32, adamw, check_finite
 from .precision import autocast, resolve_precision
 
 DEFAULTS: dict = {
@@ -105,12 +105,13 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0,
             if cfg["grad_clip"]:
                 norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(),
                                                             float(cfg["grad_clip"])))
-            check_finite(float(out.loss.detach()), norm, step=_step + 1, total=steps,
-                         run=f"pretraining ({field})", field=field, lr=float(cfg["lr"]))
+            loss = float(out.loss.detach())
+            check_finite(loss, norm, step=_step + 1, total=steps, run=f"pretraining ({field})",
+                         lr_field=f"{field}.lr", lr=float(cfg["lr"]), hint=CLIP_OR_FP32)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            losses.append(float(out.loss.detach()))
+            losses.append(loss)
             pace.update()
     seconds = time.perf_counter() - t0
     model.eval()

@@ -199,13 +199,14 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
                 batch = {k: v.to(device) for k, v in batch.items()}
                 loss = model(**batch).loss
                 loss.backward()
-                check_finite(float(loss.detach()), None, step=len(out["warmup_losses"]) + 1,
-                             total=steps, run="score warm-up", field="score",
+                value = float(loss.detach())
+                check_finite(value, None, step=len(out["warmup_losses"]) + 1, total=steps,
+                             run="score warm-up", lr_field="score.warmup_lr",
                              lr=float(cfg["warmup_lr"]))
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
-                out["warmup_losses"].append(round(float(loss.detach()), 5))
+                out["warmup_losses"].append(round(value, 5))
                 pace.update()
     model.eval()
     if cfg["gradient_type"] == "adam":
@@ -446,7 +447,6 @@ def compute_features_info(model, tokenizer, examples: Sequence[dict], cfg: dict 
 
 def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
              seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    from .optim import DivergedError
     from .pace import Pace
     from .tokenize import collate, encode_example
 
@@ -501,14 +501,8 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
                     g = adam_direction(g, info["exp_avg"], info["exp_avg_sq"])
                 norms[idx] = g.norm(dim=1).cpu().numpy()
                 projected[idx] = proj(g).cpu().numpy()
-                bad = [int(i) for i in idx if not np.isfinite(projected[i]).all()]
-                if bad:
-                    ids = [examples[i].get("id", i) for i in bad[:5]]
-                    raise DivergedError(f"non-finite gradients for {len(bad)} examples (ids "
-                                        f"{ids}) after the warm-up: the warm-up diverged or the "
-                                        f"model overflows; lower score.warmup_lr (now "
-                                        f"{cfg['warmup_lr']:g}) or check the base model",
-                                        field="score.warmup_lr")
+                refuse_rows(idx[~np.isfinite(projected[idx]).all(1)], "non-finite gradients",
+                            "the warm-up diverged or the model overflows", examples, cfg)
                 pace.update()
     finally:
         if pmodel is not None:
@@ -518,15 +512,9 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
             p.requires_grad_(flag)
         if base_attn and getattr(model.config, "_attn_implementation", None) != base_attn:
             model.set_attn_implementation(base_attn)
-    zero = np.flatnonzero(norms == 0)
-    if len(zero):
-        from .optim import DivergedError
-
-        ids = [examples[i].get("id", int(i)) for i in zero[:5]]
-        raise DivergedError(f"zero gradient for {len(zero)} of {len(encoded)} examples (ids "
-                            f"{ids}): their loss no longer depends on the LoRA weights, as after "
-                            f"a warm-up that diverged into a saturated model; lower "
-                            f"score.warmup_lr (now {cfg['warmup_lr']:g})", field="score.warmup_lr")
+    refuse_rows(np.flatnonzero(norms == 0), "zero gradient",
+                "their loss no longer depends on the LoRA weights, as after a warm-up that "
+                "diverged into a saturated model", examples, cfg)
     features = l2_normalize(projected)
     scores = pool_scores(features)
     info.pop("exp_avg", None)
@@ -536,6 +524,19 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
                  "warmup_seconds": round(t_warm, 2),
                  "seconds": round(time.perf_counter() - t0, 2)})
     return features, scores, norms, info
+
+
+def refuse_rows(rows: np.ndarray, what: str, why: str, examples: Sequence[dict],
+                cfg: dict) -> None:
+    """DivergedError naming the examples whose gradient rows are unusable (none: return)."""
+    if not len(rows):
+        return
+    from .optim import DivergedError
+
+    ids = [examples[i].get("id", int(i)) for i in rows[:5]]
+    raise DivergedError(f"{what} for {len(rows)} of {len(examples)} examples (ids {ids}): "
+                        f"{why}; lower score.warmup_lr (now {cfg['warmup_lr']:g})",
+                        field="score.warmup_lr")
 
 
 def compute_features(model, tokenizer, examples: Sequence[dict], cfg: dict | None,

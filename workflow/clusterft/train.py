@@ -197,7 +197,7 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .microbatch import CausalLMLoss, backward_step, label_count
-    from .optim import adamw, check_finite
+    from .optim import CLIP_OR_FP32, adamw, check_finite
     from .pace import Pace
     from .sampler import epoch_batches, make_sampler
     from .tokenize import Collator
@@ -268,10 +268,10 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
             if float(cfg["grad_clip"]) > 0:
                 norm = float(torch.nn.utils.clip_grad_norm_(params, float(cfg["grad_clip"])))
             else:
-                norm = float(torch.linalg.vector_norm(torch.stack(
-                    [p.grad.detach().norm() for p in params if p.grad is not None])))
+                norm = float(torch.nn.utils.get_total_norm(
+                    [p.grad for p in params if p.grad is not None]))
             check_finite(None, norm, step=step + 1, total=total_steps, run=run_name,
-                         field="train", lr=float(cfg["lr"]),
+                         lr_field="train.lr", lr=float(cfg["lr"]), hint=CLIP_OR_FP32,
                          checkpoint=str(ckpt_dir) if ckpt_dir is not None and ckpt_dir.exists() else None)
             opt.step()
             sched.step()
