@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pandas as pd
 import pytest
@@ -205,7 +204,7 @@ def test_prepare_custom_sources(tmp_path):
                                                                             "mine-00001"]
     lab = pd.read_parquet(tmp_path / "hf" / "labels.parquet")
     assert list(lab["label"]) == ["math", "art"]
-    assert not (tmp_path / "bench").exists() or not os.listdir(tmp_path / "bench")
+    assert not list((tmp_path / "bench").glob("*.jsonl"))  # no benchmark items of its own
 
     src = write_lines(tmp_path / "own.jsonl", [rec(i, label=f"L{i % 2}") for i in range(4)])
     s = run_prepare_data("own", {"source": "jsonl", "path": src, "label_field": "label",

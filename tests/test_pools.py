@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from clusterft import provenance
 from clusterft.data import run_prepare_data
 from clusterft.pool import load_pool
 from clusterft.errors import InputError
@@ -186,7 +187,8 @@ def test_icd10_tree():
 
 
 def _bytes(d):
-    return {p.name: p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+    return {p.name: p.read_bytes() for p in sorted(d.rglob("*"))
+            if p.is_file() and not provenance.is_sidecar(p)}  # sidecars name paths and times
 
 
 @pytest.mark.parametrize("ds, cfg", [("skills", {"n": 400, "items_per_task": 30}),

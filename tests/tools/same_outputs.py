@@ -9,7 +9,7 @@ import hashlib, json, sys
 from pathlib import Path
 a, b = Path(sys.argv[1]) / "results", Path(sys.argv[2]) / "results"
 VOLATILE = {"wall_time_s", "total_time_s", "mean_step_time_s", "step_times", "seconds", "train_seconds",
-            "total_seconds", "warmup_seconds", "time_s", "hardware", "date", "timestamp", "start_time", "end_time"}
+            "total_seconds", "warmup_seconds", "time_s", "hardware", "date", "timestamp", "start_time", "end_time", "created", "host"}
 def h(p): return hashlib.sha256(p.read_bytes()).hexdigest()
 def strip(o):
     if isinstance(o, dict): return {k: strip(v) for k, v in o.items() if k not in VOLATILE and not k.endswith("_s") and "time" not in k}

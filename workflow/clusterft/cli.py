@@ -197,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"] and not {"-h", "--help"} & set(argv[1:2]):
+        # train's own parser takes every argument (argparse's REMAINDER does not start at
+        # an option such as --model)
+        from .train import main as train_main
+
+        return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         result = args.fn(args)

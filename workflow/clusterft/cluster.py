@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from . import provenance
 from .sections import merge_section
 from .errors import InputError
 
@@ -204,6 +205,7 @@ def run_cluster(features: str | os.PathLike, scores: str | os.PathLike, cfg: dic
     for p in (features, scores):
         if not os.path.exists(p):
             raise InputError("file does not exist", path=str(p))
+    checked = provenance.check_inputs({"features": features, "scores": scores}, "cluster")
     try:
         x = np.load(features)
     except ValueError as e:
@@ -232,6 +234,8 @@ def run_cluster(features: str | os.PathLike, scores: str | os.PathLike, cfg: dic
     write_parquet(out_clusters, pd.DataFrame({"id": df["id"].astype(str).to_numpy(),
                                               "cluster": labels, "centroid_sim": sim}))
     save_npy(out_centroids, centroids)
+    provenance.write({"clusters": out_clusters, "centroids": out_centroids}, "cluster", checked,
+                     inherit=("features", "scores"), run_key="clusters", config=cfg, seed=seed)
     sizes = np.bincount(labels, minlength=len(centroids)).tolist()
     log.info("k=%d cluster sizes %s", len(centroids), sizes)
     return {"k": len(centroids), "sizes": sizes, "mean_centroid_sim": float(sim.mean())}

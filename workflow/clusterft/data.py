@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from .tasks import TASKS, check_item, tasks_for_dataset
 from .errors import InputError
+from . import provenance
 from .io import set_offline_env, write_json, write_jsonl, write_parquet
 from .pool import check_unique, load_pool, validate_example, write_pool
 from .pools import OVERLAP_DEFAULTS, POOL_NAMES, get_pool_module
@@ -204,4 +205,6 @@ def run_prepare_data(dataset: str, cfg: Mapping[str, Any] | None, out_pool: str 
     }
     if out_summary is not None:
         write_json(out_summary, summary)
+    provenance.write({"pool": out_pool, "labels": out_labels, "items": out_items_dir},
+                     "prepare_data", {}, run_key=f"data[{dataset}]", config=cfg, seed=seed)
     return summary

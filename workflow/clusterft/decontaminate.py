@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .errors import InputError
+from . import provenance
 from .io import read_jsonl, write_text
 from .pools import OVERLAP_DEFAULTS, OverlapIndex, item_pair, record_pair
 
@@ -141,6 +142,8 @@ def run_decontaminate(dataset: str, raw_pool: str | os.PathLike,
     action = cfg.get("action", DEFAULTS["action"])
     max_overlap = int(cfg.get("max_overlap", DEFAULTS["max_overlap"]))
     ov = {k: cfg.get(k, v) for k, v in OVERLAP_DEFAULTS.items()}
+    checked = provenance.check_inputs(
+        {"pool": raw_pool, "items": [d for d in item_dirs if Path(d).is_dir()]}, "decontaminate")
     records = load_pool(raw_pool)
     items = load_items(item_dirs)
     kept, counts, found = decontaminate(records, items, action, ov)
@@ -167,6 +170,8 @@ def run_decontaminate(dataset: str, raw_pool: str | os.PathLike,
                          "dropped", path=str(raw_pool), field="tasks.decontaminate")
     write_pool(out_pool, kept)
     write_csv(out_counts, rows)
+    provenance.write({"pool": out_pool, "counts": out_counts}, "decontaminate", checked,
+                     inherit=("pool",), config=cfg)
     return rows
 
 

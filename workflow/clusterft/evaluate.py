@@ -35,6 +35,8 @@ import yaml
 from .sections import merge_section
 from .distributed import resolve_device
 from .errors import InputError
+from . import provenance
+from .hf import check_weights
 from .io import BOM, read_jsonl, set_offline_env, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
@@ -429,6 +431,10 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
         raise InputError("not a model directory (no config.json)", path=model_dir)
     if not tasks:
         raise InputError("no tasks to evaluate", field="tasks")
+    check_weights(model_dir, "evaluate model")
+    checked = provenance.check_inputs(
+        {"model": model_dir, "items": [d for d in _item_dirs(item_dirs) if Path(d).is_dir()]},
+        "evaluate")
     repo_tasks, builtin = split_builtin(tasks, item_dirs)
     specs = _resolve_specs(repo_tasks, item_dirs)
     if builtin and not cfg["allow_builtin_tasks"]:
@@ -479,4 +485,6 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
     raw_path = out_json.with_name(out_json.stem + ".lm_eval.json")
     write_text(raw_path, json.dumps(_jsonable(raw), indent=2) + "\n")
     write_json(out_json, summary)
+    provenance.write({"results": out_json, "raw": raw_path}, "evaluate", checked,
+                     inherit=("model",), config=dict(cfg), seed=seed)
     return summary

@@ -27,12 +27,27 @@ def resolve_model(spec: str, allow_downloads: bool = False, field: str = "model"
         if need_config and not (p / "config.json").exists():
             raise InputError(f"'{spec}' exists but holds no config.json (not an HF model dir)",
                              path=str(p), field=field)
+        if need_config:
+            check_weights(p, field)
         return str(p)
     if allow_downloads and re.fullmatch(r"[\w.\-]+(/[\w.\-]+)?", spec):
         return spec
     raise InputError(f"model '{spec}' is not a local directory, and hub downloads are off "
                      "(set allow_downloads: true to fetch hub ids, or point it at a local model dir)",
                      field=field)
+
+
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.pt", "*.gguf")
+
+
+def check_weights(model_dir: str | os.PathLike, field: str = "model") -> None:
+    """Refuse a model folder that has a config.json but no weight files (a copy that
+    stopped halfway, or only the config of a model), before anything loads."""
+    p = Path(model_dir)
+    if p.is_dir() and not any(any(p.glob(pat)) for pat in WEIGHT_PATTERNS):
+        raise InputError(f"'{p}' holds config.json but no weights ({', '.join(WEIGHT_PATTERNS)}):"
+                         " copy the whole model folder, or rerun the rule that writes it",
+                         path=str(p), field=field)
 
 
 def load_tokenizer(path: str | os.PathLike):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Iterable
@@ -223,8 +224,9 @@ def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, 
     tok = load_tokenizer(tokenizer_dir)
     model = build_model(tok, size_cfg, seed)
     docs = read_corpus(corpus)
-    metrics = pretrain(model, tok, docs, pretrain_cfg, seed, field) if int((pretrain_cfg or {}).get(
-        "steps", PRETRAIN_DEFAULTS["steps"])) > 0 else {"steps": 0}
+    ckpt_dir = Path(str(out_dir).rstrip("/") + ".ckpt")
+    metrics = pretrain(model, tok, docs, pretrain_cfg, seed, field, ckpt_dir) if int(
+        (pretrain_cfg or {}).get("steps", PRETRAIN_DEFAULTS["steps"])) > 0 else {"steps": 0}
     metrics["params"] = count_params(model)
     metrics["size"] = dict(size_cfg)
     metrics["torch_threads"] = torch.get_num_threads()
@@ -234,6 +236,7 @@ def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, 
         write_json(tmp / "pretrain_metrics.json", metrics)
 
     save_model(model, tok, out_dir, extra=add_metrics)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)  # the model is complete: nothing to resume
     return metrics
 
 
@@ -248,7 +251,6 @@ def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model
     - ``hub``: ``hub_id`` downloaded (only with allow_downloads) and saved to out_dir.
     - ``path``: an existing local HF model dir, copied to out_dir.
     """
-    import shutil
 
     source = model_cfg.get("source", BUILD)
     if threads:

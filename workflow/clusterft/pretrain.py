@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
+import warnings
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
 from . import hardware
 from .errors import InputError
+from .io import atomic_path
 from .optim import CLIP_OR_FP32, adamw, check_finite
 from .precision import autocast, resolve_precision
+
+log = logging.getLogger(__name__)
 
 DEFAULTS: dict = {
     # Optimiser steps (the time knob: about linear in wall time).
@@ -38,7 +45,26 @@ DEFAULTS: dict = {
     "precision": "auto",
     # Fraction of blocks held out to report a validation loss (0 disables).
     "val_fraction": 0.02,
+    # Optimiser steps between resumable checkpoints (0 disables): a killed pretraining
+    # resumes from the last one (<model dir>.ckpt/state.pt, removed once the model is saved)
+    # to the same weights as an uninterrupted run.
+    "checkpoint_every": 50,
 }
+
+# Keys that change neither the model nor the data order: a run may resume across them.
+RESUMABLE_ACROSS = ("checkpoint_every", "num_threads")
+
+
+def fingerprint(cfg: dict, seed: int, blocks: "np.ndarray", model_config: str) -> str:
+    """What a pretraining checkpoint must match to be resumed: config, seed, data, model."""
+    import hashlib
+    import json
+
+    keep = {k: v for k, v in cfg.items() if k not in RESUMABLE_ACROSS}
+    blob = json.dumps({"cfg": keep, "seed": seed, "model": model_config,
+                       "data": hashlib.sha1(blocks.tobytes()).hexdigest()},
+                      sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()
 
 
 def pack_blocks(tokenizer, texts: Iterable[str], block_size: int) -> "np.ndarray":
@@ -57,9 +83,11 @@ def pack_blocks(tokenizer, texts: Iterable[str], block_size: int) -> "np.ndarray
 
 
 def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0,
-             field: str = "pretrain") -> dict:
+             field: str = "pretrain", ckpt_dir: str | os.PathLike | None = None) -> dict:
     """Briefly pretrain ``model`` in place as a causal LM on packed blocks; return metrics.
-    ``field``: the config section of these settings, named by a divergence error."""
+    ``field``: the config section of these settings, named by a divergence error;
+    ``ckpt_dir``: where checkpoints go every ``checkpoint_every`` steps (and are resumed
+    from, when they match this run's fingerprint)."""
     import torch
 
     from .pace import Pace
@@ -90,9 +118,25 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0,
     losses: list[float] = []
     t0 = time.perf_counter()
     order = rng.permutation(len(train))
-    pos = 0
-    with Pace(steps, f"pretrain ({precision})", disable=steps < 2) as pace:
-        for _step in range(steps):
+    pos = start = 0
+    every = int(cfg["checkpoint_every"]) if ckpt_dir is not None else 0
+    fp = fingerprint(cfg, seed, blocks, model.config.to_json_string()) if every else ""
+    state_file = Path(ckpt_dir) / "state.pt" if every else None
+    if state_file is not None and state_file.exists():
+        blob = torch.load(state_file, map_location="cpu", weights_only=False)
+        if blob.get("fingerprint") == fp:
+            model.load_state_dict(blob["model"])
+            opt.load_state_dict(blob["optimizer"])
+            sched.load_state_dict(blob["scheduler"])
+            rng.bit_generator.state = blob["numpy"]
+            torch.set_rng_state(blob["torch"])
+            order, pos, losses, start = blob["order"], blob["pos"], blob["losses"], blob["step"]
+            log.info("resuming pretraining from step %d of %d (%s)", start, steps, state_file)
+        else:
+            warnings.warn(f"{state_file}: checkpoint of a different pretraining run (config, "
+                          "seed, corpus or model differ); starting from scratch", stacklevel=2)
+    with Pace(steps - start, f"pretrain ({precision})", disable=steps - start < 2) as pace:
+        for _step in range(start, steps):
             if pos + bs > len(order):
                 order, pos = rng.permutation(len(train)), 0
             idx = torch.from_numpy(order[pos:pos + bs]) if bs <= len(order) else torch.from_numpy(order)
@@ -113,6 +157,12 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0,
             opt.zero_grad(set_to_none=True)
             losses.append(loss)
             pace.update()
+            if every and (_step + 1) % every == 0 and _step + 1 < steps:
+                with atomic_path(state_file) as tmp:
+                    torch.save({"fingerprint": fp, "step": _step + 1, "model": model.state_dict(),
+                                "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                                "numpy": rng.bit_generator.state, "torch": torch.get_rng_state(),
+                                "order": order, "pos": pos, "losses": losses}, tmp)
     seconds = time.perf_counter() - t0
     model.eval()
     val_loss = None
@@ -127,6 +177,7 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0,
             "first_loss": losses[0] if losses else None,
             "final_loss": float(np.mean(losses[-k:])) if losses else None,
             "val_loss": val_loss, "loss_curve": [round(x, 4) for x in losses[::k]],
-            "precision": precision, "hardware": hardware.describe()}
+            "precision": precision, "hardware": hardware.describe(),
+            "resumed_from_step": start or None}
 
 

@@ -45,12 +45,14 @@ import copy
 import logging
 import math
 import os
+import shutil
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import lora
+from . import lora, provenance
 from .sections import merge_section
 from .distributed import resolve_device
 from .errors import InputError
@@ -101,7 +103,14 @@ DEFAULTS: dict = {
     # up depends on the CPU and on what else runs (benchmarks/README.md). Raise it for
     # bigger models on more cores.
     "num_threads": 1,
+    # Batches of the gradient pass between resumable checkpoints (0 disables): a killed
+    # score job keeps its warm-up and the rows done so far in <features>.ckpt/ and resumes
+    # from them to the same features (the folder is removed once the features are written).
+    "checkpoint_every": 50,
 }
+
+# Keys that change neither the warm-up nor the features: a run may resume across them.
+RESUMABLE_ACROSS = ("checkpoint_every", "num_threads")
 
 METHODS = ("hook", "func")
 GRADIENT_TYPES = ("sgd", "adam")
@@ -429,8 +438,10 @@ def pool_scores(features: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- features
 
 def compute_features_info(model, tokenizer, examples: Sequence[dict], cfg: dict | None,
-                          seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    """``compute_features`` plus an info dict (warm-up losses, timings, truncation count)."""
+                          seed: int = 0, ckpt: "Checkpoints | None" = None
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """``compute_features`` plus an info dict (warm-up losses, timings, truncation count).
+    ``ckpt``: where the warm-up and the gradient pass keep resumable progress."""
     import torch
 
     cfg = merge_cfg(cfg)
@@ -440,13 +451,58 @@ def compute_features_info(model, tokenizer, examples: Sequence[dict], cfg: dict 
     if cfg["num_threads"]:
         torch.set_num_threads(int(cfg["num_threads"]))
     try:
-        return _compute(model, tokenizer, examples, cfg, seed)
+        return _compute(model, tokenizer, examples, cfg, seed, ckpt)
     finally:
         torch.set_num_threads(base_threads)
 
 
-def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
-             seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+class Checkpoints:
+    """Resumable progress of one score run: ``warmup.pt`` (the warm-up's LoRA weights and
+    info, Adam moments included) and ``gradients.pt`` (rows done so far), each replaced
+    atomically and used only by a run with the same fingerprint (config, seed, model, pool)."""
+
+    def __init__(self, folder: str | os.PathLike, fingerprint: str) -> None:
+        self.dir, self.fp = Path(folder), fingerprint
+
+    def load(self, name: str) -> dict | None:
+        import warnings
+
+        import torch
+
+        f = self.dir / name
+        if not f.exists():
+            return None
+        blob = torch.load(f, map_location="cpu", weights_only=False)
+        if blob.get("fingerprint") != self.fp:
+            warnings.warn(f"{f}: progress of a different score run (config, seed, model or pool "
+                          "differ); starting over", stacklevel=2)
+            return None
+        log.info("resuming from %s", f)
+        return blob
+
+    def save(self, name: str, blob: dict) -> None:
+        import torch
+
+        from .io import atomic_path
+
+        with atomic_path(self.dir / name) as tmp:
+            torch.save({"fingerprint": self.fp, **blob}, tmp)
+
+
+def score_fingerprint(cfg: dict, seed: int, model_digest: str, pool_digest: str) -> str:
+    import hashlib
+    import json
+
+    keep = {k: v for k, v in cfg.items() if k not in RESUMABLE_ACROSS}
+    return hashlib.sha1(json.dumps({"cfg": keep, "seed": seed, "model": model_digest,
+                                    "pool": pool_digest}, sort_keys=True,
+                                   default=str).encode()).hexdigest()
+
+
+def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
+             ckpt: Checkpoints | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    import torch
+
     from .pace import Pace
     from .tokenize import collate, encode_example
 
@@ -478,7 +534,20 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
         for p in model.parameters():
             p.requires_grad_(False)
         pmodel = lora.add_lora(model, cfg["lora"], "score.lora", seed)
-        info = warmup_lora(pmodel, encoded, cfg, seed, pad_id)
+        warm = ckpt.load("warmup.pt") if ckpt is not None else None
+        if warm is not None:
+            params = dict(lora_parameters(pmodel))
+            with torch.no_grad():
+                for name, value in warm["lora"].items():
+                    params[name].copy_(value)
+            info = warm["info"]
+        else:
+            info = warmup_lora(pmodel, encoded, cfg, seed, pad_id)
+            if ckpt is not None:
+                ckpt.save("warmup.pt", {"lora": {n: p.detach().cpu().clone()
+                                                 for n, p in lora_parameters(pmodel)},
+                                        "info": info})
+        info["warmup_resumed"] = warm is not None
         t_warm = time.perf_counter() - t0
         if cfg["gradient_type"] == "adam" and info["exp_avg"] is None:
             raise InputError("gradient_type 'adam' needs a warm-up (warmup_steps > 0)",
@@ -490,10 +559,16 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
         bs = int(cfg["batch_size"])
         projected = np.zeros((len(encoded), int(cfg["dim"])), dtype=np.float32)
         norms = np.zeros(len(encoded), dtype=np.float32)
+        start = 0
+        done = ckpt.load("gradients.pt") if ckpt is not None else None
+        if done is not None:
+            start, projected, norms = done["next"], done["projected"], done["norms"]
+        every = int(cfg["checkpoint_every"]) * bs if ckpt is not None else 0
+        info["gradients_resumed_at"] = start or None
         # Batches go shortest first, so the expected finish of the first pace lines is early.
-        with Pace(math.ceil(len(order) / bs), "score gradients", unit="batch",
-                  units="batches", disable=len(order) <= bs) as pace:
-            for lo in range(0, len(order), bs):
+        with Pace(math.ceil((len(order) - start) / bs), "score gradients", unit="batch",
+                  units="batches", disable=len(order) - start <= bs) as pace:
+            for lo in range(start, len(order), bs):
                 idx = order[lo:lo + bs]
                 batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
                 g = per_example_grads(pmodel, batch, cfg["method"])
@@ -504,6 +579,9 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict,
                 refuse_rows(idx[~np.isfinite(projected[idx]).all(1)], "non-finite gradients",
                             "the warm-up diverged or the model overflows", examples, cfg)
                 pace.update()
+                if every and (lo + bs) % every == 0 and lo + bs < len(order):
+                    ckpt.save("gradients.pt", {"next": lo + bs, "projected": projected,
+                                               "norms": norms})
     finally:
         if pmodel is not None:
             pmodel.unload()  # remove the adapters: the caller's model is left as it was
@@ -579,6 +657,7 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
         torch.set_num_threads(int(threads))
     records = load_pool(pool)
     path = resolve_model(str(model_dir), field="score model")
+    checked = provenance.check_inputs({"model": path, "pool": pool}, "score")
     tok = load_tokenizer(path)
     if length_policy is not None:
         policy = {**LENGTH_POLICY, **length_policy}
@@ -587,11 +666,18 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
         log.info("train length check: %d of %d examples longer than max_length = %s (%s)",
                  counts["too_long"], counts["n"], policy["max_length"], policy["truncation"])
     model = load_causal_lm(path)
-    features, scores, norms, info = compute_features_info(model, tok, records, cfg, seed)
+    ckpt_dir = Path(str(out_features) + ".ckpt")
+    ckpt = Checkpoints(ckpt_dir, score_fingerprint(cfg, seed, provenance.digest(path),
+                                                   provenance.digest(pool))
+                       ) if int(cfg["checkpoint_every"]) > 0 else None
+    features, scores, norms, info = compute_features_info(model, tok, records, cfg, seed, ckpt)
     save_npy(out_features, features)
     write_parquet(out_scores, pd.DataFrame({"id": [r["id"] for r in records],
                                             "score": scores.astype(np.float64),
                                             "grad_norm": norms.astype(np.float64)}))
+    provenance.write({"features": out_features, "scores": out_scores}, "score", checked,
+                     inherit=("pool", "model"), run_key="score_run", config=cfg, seed=seed)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)  # the features are complete
     log.info("scored %d examples in %.1fs (warm-up %.1fs, %d truncated)", info["n"],
              info["seconds"], info["warmup_seconds"], info["truncated"])
     return info

@@ -33,6 +33,7 @@ import os
 
 import numpy as np
 
+from . import provenance
 from .sections import merge_section
 from .errors import InputError
 from .names import CLUSTER, FULL, METHODS, RANDOM
@@ -217,6 +218,7 @@ def run_select(clusters: str | os.PathLike, scores: str | os.PathLike, method: s
                 raise InputError(f"no '{col}' column (has {list(df.columns)})", path=str(path),
                                  field=col)
         frames[path] = df
+    checked = provenance.check_inputs({"clusters": clusters, "scores": scores}, "select")
     cdf, sdf = frames[clusters], frames[scores]
     c_ids, s_ids = cdf["id"].astype(str).to_numpy(), sdf["id"].astype(str).to_numpy()
     if len(c_ids) != len(s_ids) or not (c_ids == s_ids).all():
@@ -231,5 +233,8 @@ def run_select(clusters: str | os.PathLike, scores: str | os.PathLike, method: s
     summary = summarize(cdf["cluster"].to_numpy(), idx, method, budget, seed, cfg)
     write_parquet(out_selection, out)
     write_json(out_summary, summary)
+    provenance.write({"selection": out_selection, "summary": out_summary}, "select", checked,
+                     inherit=("clusters",), run_key="selection",
+                     config={"method": method, "budget": budget, **cfg}, seed=seed)
     log.info("%s budget %s: %d of %d selected", method, budget, len(idx), len(cdf))
     return summary

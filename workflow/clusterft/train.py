@@ -38,6 +38,7 @@ from .distributed import (BACKENDS, DEVICES, Dist, barrier, die_with_launcher, g
                           gather_rows, mean_over_ranks, seed_everything, set_threads)
 from .errors import InputError
 from .hf import load_causal_lm, load_tokenizer, resolve_model, save_model_dir
+from . import provenance
 from .io import set_offline_env, write_json
 from .lora import DEFAULTS as LORA_DEFAULTS
 from .names import DISTRIBUTIONS, RANDOM_SPLIT
@@ -374,6 +375,8 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
         raise InputError(f"unknown distribution '{distribution}' ({'|'.join(DISTRIBUTIONS)})",
                          field="distribution")
     model_dir = resolve_model(str(model_dir), field="model")
+    checked = provenance.check_inputs({"model": model_dir, "pool": pool, "selection": selection},
+                                      "train")
     d = distributed.setup(cfg["device"], cfg["backend"])
     try:
         rank_batch_size(cfg, d.world_size)  # before any loading
@@ -399,6 +402,10 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
             save_model_dir(model, tokenizer, out_dir)
             metrics["total_time_s"] = round(time.perf_counter() - t_total, 4)
             write_json(metrics_path, metrics)
+            provenance.write({"model": out_dir, "metrics": metrics_path}, "train", checked,
+                             inherit=("selection", "pool"), seed=seed,
+                             config={"distribution": distribution, "world_size": d.world_size,
+                                     **cfg})
             if ckpt_dir is not None and not metrics["stopped_early"] and ckpt_dir.exists():
                 shutil.rmtree(ckpt_dir, ignore_errors=True)
         barrier(d)
