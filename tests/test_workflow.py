@@ -203,10 +203,10 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def upstream_mtimes(workdir: Path) -> dict[str, int]:
-    """mtime of every result file that is not the killed train run's."""
+def upstream_mtimes(workdir: Path, keep: str = RUN) -> dict[str, int]:
+    """mtime of every result file outside ``keep`` (the killed run's own folder)."""
     return {str(p.relative_to(workdir)): p.stat().st_mtime_ns
-            for p in (workdir / "results").rglob("*") if p.is_file() and RUN not in str(p)}
+            for p in (workdir / "results").rglob("*") if p.is_file() and keep not in str(p)}
 
 
 def final_state(workdir: Path) -> tuple[dict, dict]:
@@ -216,10 +216,53 @@ def final_state(workdir: Path) -> tuple[dict, dict]:
     return load_file(str(workdir / RUN / "model" / "model.safetensors")), metrics
 
 
-def test_sigkill_mid_epoch_then_rerun_resumes_to_the_same_model(smoke_run: Path, tmp_path: Path) -> None:
-    import shutil
+def snakemake_killed_when(work: Path, cfg: Path, target: str, ready, log_path: Path,
+                          job: str) -> list[int]:
+    """Start `snakemake target`, wait until ``ready()`` (at most 180 s), SIGKILL the whole
+    workflow as a scheduler would (its process group and every job process below it, which
+    sit in sessions of their own), and return the processes that outlived it."""
     import signal
     import time
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
+           "--configfile", str(cfg), "--cores", "2", target]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.time() + 180
+            while not ready() and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.02)
+            assert ready() and proc.poll() is None, log_path.read_text()[-3000:]
+            tree = descendants(proc.pid)
+            assert any(job in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                       for p in tree if alive(p)), job
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            deadline = time.time() + 30
+            while any(alive(p) for p in tree) and time.time() < deadline:
+                time.sleep(0.1)
+            return [p for p in tree if alive(p)]
+        finally:
+            for p in descendants(proc.pid) + ([proc.pid] if proc.poll() is None else []):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+
+
+def rerun_only(work: Path, cfg: Path, target: str, rule: str, keep: str) -> None:
+    """After a kill: unlock, rerun the target with --rerun-incomplete; only ``rule`` runs and
+    no result outside ``keep`` is touched."""
+    before = upstream_mtimes(work, keep)
+    snakemake(work, "--unlock", configfile=cfg)
+    rerun = snakemake(work, "--rerun-incomplete", target, configfile=cfg)
+    ran = re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", rerun.stdout + rerun.stderr)
+    assert ran == [rule], ran  # no completed upstream rule ran again
+    assert upstream_mtimes(work, keep) == before
+
+
+def test_sigkill_mid_epoch_then_rerun_resumes_to_the_same_model(smoke_run: Path, tmp_path: Path) -> None:
+    import shutil
 
     import torch
 
@@ -229,40 +272,15 @@ def test_sigkill_mid_epoch_then_rerun_resumes_to_the_same_model(smoke_run: Path,
     assert planned_rules(work, TARGET, configfile=cfg) == {"train": 1}  # train params changed
     before = upstream_mtimes(work)
 
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
-           "--configfile", str(cfg), "--cores", "2", TARGET]
     ckpt = work / (RUN + "/model.ckpt") / "state.pt"
-    with open(tmp_path / "killed.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            deadline = time.time() + 180
-            while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
-                time.sleep(0.05)
-            assert ckpt.exists(), (tmp_path / "killed.log").read_text()[-3000:]
-            tree = descendants(proc.pid)  # torchrun and its ranks (in sessions of their own)
-            assert any("clusterft.train" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-                       for p in tree if alive(p))
-            os.killpg(proc.pid, signal.SIGKILL)  # the job's process group, as a scheduler would
-            proc.wait(timeout=30)
-            deadline = time.time() + 30
-            while any(alive(p) for p in tree) and time.time() < deadline:
-                time.sleep(0.1)
-            survivors = [p for p in tree if alive(p)]
-        finally:
-            for p in descendants(proc.pid) + ([proc.pid] if proc.poll() is None else []):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p, signal.SIGKILL)
+    survivors = snakemake_killed_when(work, cfg, TARGET, ckpt.exists, tmp_path / "killed.log",
+                                      "clusterft.train")
     assert not survivors, "training ranks outlived the killed workflow"
     assert not (work / TARGET).exists()  # killed mid-epoch: no output looks complete
     step = torch.load(ckpt, weights_only=False)["step"]
     assert 2 <= step < 50, step
 
-    snakemake(work, "--unlock", configfile=cfg)
-    rerun = snakemake(work, "--rerun-incomplete", TARGET, configfile=cfg)
-    ran = re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", rerun.stdout + rerun.stderr)
-    assert ran == ["train"], ran  # no completed upstream rule ran again
+    rerun_only(work, cfg, TARGET, "train", RUN)
     assert upstream_mtimes(work) == before
     resumed_w, resumed = final_state(work)
     assert resumed["resumed_from_step"] is not None and resumed["resumed_from_step"] >= step
@@ -277,6 +295,98 @@ def test_sigkill_mid_epoch_then_rerun_resumes_to_the_same_model(smoke_run: Path,
                 "per_rank_tokens_per_step", "loss_curve", "final_loss", "epoch_losses"):
         assert resumed[key] == full[key], key
     assert full["steps"] == 50
+
+
+BASE = "results/models/tiny/base"
+FEATURES = "results/score/skills/tiny/s0/features.npy"
+
+
+def test_sigkill_mid_pretraining_then_rerun_resumes_to_the_same_base_model(
+        smoke_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    work = tmp_path / "killed"
+    shutil.copytree(smoke_run, work, symlinks=True)
+    cfg = config_copy(tmp_path, "ckpt", lambda c: c["models"]["tiny"]["pretrain"].update(
+        steps=300, checkpoint_every=10))
+    assert planned_rules(work, BASE, configfile=cfg) == {"base_model": 1}
+    ckpt = work / (BASE + ".ckpt") / "state.pt"
+    assert not snakemake_killed_when(work, cfg, BASE, ckpt.exists, tmp_path / "killed.log",
+                                     "base_model")
+    assert not (work / BASE).exists()  # no half-written model folder
+    step = torch.load(ckpt, weights_only=False)["step"]
+    assert 10 <= step < 300, step
+
+    rerun_only(work, cfg, BASE, "base_model", BASE)
+    resumed = json.loads((work / BASE / "pretrain_metrics.json").read_text())
+    assert resumed["resumed_from_step"] >= step
+    assert not (work / (BASE + ".ckpt")).exists()
+    resumed_w = load_file(str(work / BASE / "model.safetensors"))
+
+    snakemake(work, "--force", BASE, configfile=cfg)  # uninterrupted
+    full = json.loads((work / BASE / "pretrain_metrics.json").read_text())
+    full_w = load_file(str(work / BASE / "model.safetensors"))
+    assert full["resumed_from_step"] is None
+    assert all(torch.equal(full_w[k], resumed_w[k]) for k in full_w)
+    assert resumed["loss_curve"] == full["loss_curve"] and resumed["val_loss"] == full["val_loss"]
+
+
+@pytest.mark.parametrize("point", ["after-warm-up", "mid-gradients"])
+def test_sigkill_in_score_then_rerun_resumes_to_the_same_features(
+        smoke_run: Path, tmp_path: Path, point: str) -> None:
+    import shutil
+
+    import numpy as np
+
+    work = tmp_path / "killed"
+    shutil.copytree(smoke_run, work, symlinks=True)
+    cfg = config_copy(tmp_path, "ckpt", lambda c: c["score"].update(
+        batch_size=2, checkpoint_every=1, warmup_steps=40))
+    assert planned_rules(work, FEATURES, configfile=cfg) == {"score": 1}
+    ckdir = work / (FEATURES + ".ckpt")
+    ready = {"after-warm-up": lambda: (ckdir / "warmup.pt").exists(),
+             "mid-gradients": lambda: (ckdir / "gradients.pt").exists()}[point]
+    assert not snakemake_killed_when(work, cfg, FEATURES, ready, tmp_path / "killed.log", "score")
+    assert not (work / FEATURES).exists()
+
+    rerun_only(work, cfg, FEATURES, "score", "results/score/skills/tiny/s0")
+    log = (work / "logs/score/skills/tiny/s0.log").read_text()
+    assert "resuming from" in log and "warmup.pt" in log, log[-2000:]
+    assert not ckdir.exists()
+    resumed = np.load(work / FEATURES)
+    scores = pd.read_parquet(work / FEATURES.replace("features.npy", "scores.parquet"))
+
+    snakemake(work, "--force", FEATURES, configfile=cfg)  # uninterrupted
+    assert np.array_equal(np.load(work / FEATURES), resumed)
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(work / FEATURES.replace("features.npy", "scores.parquet")), scores)
+
+
+def test_sigkill_mid_evaluation_then_rerun_gives_the_same_results(smoke_run: Path,
+                                                                   tmp_path: Path) -> None:
+    import shutil
+
+    work = tmp_path / "killed"
+    shutil.copytree(smoke_run, work, symlinks=True)
+    target = EVAL
+    out = work / target
+    lm_eval_started = work / Path(target).parent / "tasks"
+    snakemake(work, "--unlock")
+    # as if never evaluated (every output of the job goes, so the task YAMLs appear only
+    # once this evaluate job has started lm-eval); the rerun makes them again
+    (work / target).unlink()
+    (work / target).with_name("results.lm_eval.json").unlink()
+    shutil.rmtree(lm_eval_started)
+    assert planned_rules(work, target) == {"evaluate": 1}
+    assert not snakemake_killed_when(
+        work, SMOKE, target, lambda: any(lm_eval_started.glob("*.yaml")),
+        tmp_path / "killed.log", "evaluate")
+    assert not out.exists()
+    rerun_only(work, SMOKE, target, "evaluate", str(Path(target).parent))
+    assert eval_numbers(out) == eval_numbers(smoke_run / target)
 
 
 # ----------------------------------------------------------------------- contamination
