@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,9 +12,10 @@ import torch
 from clusterft.errors import InputError
 from clusterft.lora import DEFAULTS as LORA
 from clusterft.lora import add_lora
-from clusterft.score import (DEFAULTS, Projector, compute_features,
-                             compute_features_info, l2_normalize, lora_parameters,
-                             per_example_grads, pool_scores, run_score, warmup_lora)
+from clusterft.score import (ADAM_BETAS, ADAM_EPS, DEFAULTS, Projector, adam_direction,
+                             compute_features, compute_features_info, l2_normalize,
+                             lora_parameters, merge_cfg, per_example_grads, per_example_loss,
+                             pool_scores, run_score, warmup_lora)
 from clusterft.tokenize import collate, encode_example
 
 FAST = {"dim": 64, "batch_size": 8, "max_length": 64, "warmup_steps": 4, "warmup_lr": 5e-3,
@@ -50,6 +53,46 @@ def _fresh(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
 
 
+def _hand_features(tiny_model_dir, tok, pool, cfg, seed=0, method="hook", checkpoint=-1):
+    """The gradient features written out step by step (the algorithm before warm-up
+    checkpoints): warm up, take ``checkpoint``'s adapters (and moments), per-example
+    gradients (``method``; the score run's length-sorted batches), optional Adam direction,
+    projection, normalisation. Returns (rows [N, dim], grad norms [N], warm-up info)."""
+    cfg = merge_cfg(cfg)
+    pm = add_lora(_fresh(tiny_model_dir), cfg["lora"], "score.lora", seed)
+    enc = _encode(tok, pool, cfg["max_length"])
+    info = warmup_lora(pm, enc, cfg, seed, pad_id=tok.pad_token_id)
+    ck = info["checkpoints"][checkpoint]
+    with torch.no_grad():
+        for name, p in lora_parameters(pm):
+            p.copy_(ck["lora"][name])
+    pm.eval()
+    proj = Projector(sum(p.numel() for _, p in lora_parameters(pm)), cfg["dim"], seed,
+                     cfg["projection"])
+    order = np.argsort([e["length"] for e in enc], kind="stable")
+    bs = cfg["batch_size"]
+    rows = np.zeros((len(pool), cfg["dim"]), dtype=np.float32)
+    norms = np.zeros(len(pool), dtype=np.float32)
+    for lo in range(0, len(pool), bs):
+        idx = order[lo:lo + bs]
+        g = per_example_grads(pm, collate([enc[i] for i in idx], tok.pad_token_id), method)
+        if cfg["gradient_type"] == "adam":
+            g = adam_direction(g, ck["exp_avg"], ck["exp_avg_sq"])
+        norms[idx] = g.norm(dim=1).numpy()
+        rows[idx] = proj(g).numpy()
+    pm.unload()
+    return l2_normalize(rows), norms, info
+
+
+def _hf_losses(model, tok, pool, max_length=64):
+    """Each example's loss as the HF model computes it, one example alone."""
+    out = []
+    with torch.no_grad():
+        for e in _encode(tok, pool, max_length):
+            out.append(float(model(**collate([e], tok.pad_token_id)).loss))
+    return np.array(out)
+
+
 def test_defaults_documented():
     import inspect
 
@@ -85,6 +128,69 @@ def test_hook_and_func_match_loop(tiny_model_dir, tiny, tiny_pool):
     # Per-example, not batch-mean: rows differ from each other.
     assert torch.nn.functional.cosine_similarity(ref[0], ref[1], dim=0) < 0.999
     pm.unload()
+
+
+def test_per_example_loss_equals_hf_loss_of_the_example_alone(tiny, tiny_pool):
+    model, tok = tiny
+    model.eval()
+    enc = _encode(tok, tiny_pool)
+    picks = [0, 1, 2, 3, 17, 30]
+    batch = collate([enc[i] for i in picks], tok.pad_token_id)
+    assert (batch["attention_mask"] == 0).any()  # padded: the batch mates differ in length
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        per = per_example_loss(logits, batch["labels"])
+        for b, i in enumerate(picks):
+            alone = model(**collate([enc[i]], tok.pad_token_id)).loss
+            torch.testing.assert_close(per[b], alone, rtol=1e-5, atol=0)
+    assert len(set(per.tolist())) > 1
+
+
+def test_adam_direction_is_less_formula_on_adamw_moments():
+    assert ADAM_BETAS == (0.9, 0.999) and ADAM_EPS == 1e-8  # LESS's (and AdamW's) defaults
+    b1, b2 = ADAM_BETAS
+    gen = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(6, generator=gen))
+    target, scale = torch.randn(6, generator=gen), torch.rand(6, generator=gen) * 3
+    opt = torch.optim.AdamW([w], lr=1e-2, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0.0)
+    m_hand, v_hand = [0.0] * 6, [0.0] * 6
+    for _ in range(3):
+        opt.zero_grad()
+        (scale * (w - target) ** 2).sum().backward()
+        g = w.grad.tolist()
+        m_hand = [b1 * m + (1 - b1) * x for m, x in zip(m_hand, g)]
+        v_hand = [b2 * v + (1 - b2) * x * x for v, x in zip(v_hand, g)]
+        opt.step()
+    m, v = opt.state[w]["exp_avg"], opt.state[w]["exp_avg_sq"]
+    np.testing.assert_allclose(m.numpy(), m_hand, rtol=1e-5)
+    np.testing.assert_allclose(v.numpy(), v_hand, rtol=1e-5)
+    grads = torch.randn(4, 6, generator=gen)
+    got = adam_direction(grads, m, v)
+    mm, vv = m.tolist(), v.tolist()
+    want = [[(b1 * mm[j] + (1 - b1) * x) / math.sqrt(b2 * vv[j] + (1 - b2) * x * x + ADAM_EPS)
+             for j, x in enumerate(row)] for row in grads.tolist()]
+    np.testing.assert_allclose(got.numpy(), np.array(want), rtol=1e-5)
+
+
+@pytest.mark.parametrize("gradient_type", ["sgd", "adam"])
+def test_features_match_hand_pipeline_and_one_example_loop(tiny_model_dir, tiny, tiny_pool,
+                                                           gradient_type):
+    _, tok = tiny
+    pool = list(tiny_pool[:16])
+    cfg = {**FAST, "gradient_type": gradient_type}
+    f, s, n, info = compute_features_info(_fresh(tiny_model_dir), tok, pool, cfg, seed=0)
+    # The same batches step by step: bit for bit (the single-checkpoint features as they were).
+    hf, hn, _ = _hand_features(tiny_model_dir, tok, pool, cfg, method="hook")
+    np.testing.assert_array_equal(f, hf)
+    np.testing.assert_array_equal(n, hn)
+    np.testing.assert_array_equal(s, pool_scores(hf))
+    # One unpadded example at a time.
+    lf, ln, _ = _hand_features(tiny_model_dir, tok, pool, cfg, method="loop")
+    cos = np.sum(f * lf, axis=1)
+    assert np.all(cos >= 0.999), cos
+    np.testing.assert_allclose(n, ln, rtol=1e-3)
+    assert info["dim"] == 64 and info["checkpoint_steps"] == [4]
+    assert info["checkpoint_weights"] == [1.0]
 
 
 def test_warmup_changes_only_lora_weights(tiny_model_dir, tiny, tiny_pool):

@@ -8,6 +8,12 @@ Pipeline (``compute_features``):
    ``warmup_fraction`` of the pool for ``warmup_steps`` optimiser steps (or
    ``warmup_epochs`` passes over that subset). Without it every ``lora_B`` is zero, so the
    gradients of every ``lora_A`` are zero too and half the features carry no information.
+   With ``warmup_checkpoints: K`` (LESS: one per warm-up epoch) the steps are split into K
+   equal consecutive segments and the adapters (and AdamW moments) at the end of each are
+   kept: steps 3-4 run at every checkpoint. Along the way every pool example's loss is
+   measured at ``loss_points`` evenly spaced steps, 0 (the base model) to the last: the
+   loss trajectories that S2L clusters (no-grad eval-mode passes; the warm-up's weights and
+   random streams are the same with or without them).
 3. **Per-example gradients** of each example's own loss (mean over its response tokens)
    with respect to the LoRA parameters, in ONE batched forward/backward per batch:
    - ``method: hook`` (default): forward hooks keep each LoRA linear layer's input ``x``
@@ -25,18 +31,24 @@ Pipeline (``compute_features``):
    Gaussian N(0, 1/dim)), generated in fixed chunks of rows from
    ``numpy.random.default_rng([seed, chunk])`` so every machine builds the same matrix,
    maps the flattened LoRA gradient (D values) to ``dim``; rows are then L2-normalised.
+   With K checkpoints (same matrix, same batches at each) the rows ``f_k`` of checkpoint k
+   are concatenated as ``sqrt(w_k) * f_k``, ``w_k`` = its segment's mean learning rate over
+   the sum of them: rows stay unit-norm, the features are ``K * dim`` wide, and the cosine
+   of two rows is exactly LESS's lr-weighted sum of per-checkpoint cosines
+   (``combine_checkpoints``).
 5. **Scalar score** per example: LESS's influence estimate with the pool itself as the
    target set, i.e. the mean cosine similarity between the example's projected gradient
    and every OTHER pool example's: ``score_i = (f_i . sum_j f_j - 1) / (N - 1)``. High
    means a gradient step on the example also lowers the loss of much of the pool (typical
    examples); low or negative means atypical or conflicting ones. ``grad_norm`` is the L2
    norm of the unprojected per-example vector (the raw gradient, or the Adam direction
-   with ``gradient_type: adam``); LESS normalises it away because it is larger for short
-   responses.
+   with ``gradient_type: adam``) at the last checkpoint; LESS normalises it away because it
+   is larger for short responses.
 
 ``run_score`` is the stage's file I/O edge: pool JSONL + HF model dir in,
-``features.npy`` (float32 [N, dim], pool order) and ``scores.parquet`` (id, score,
-grad_norm) out.
+``features.npy`` (float32 [N, warmup_checkpoints * dim], pool order), ``scores.parquet``
+(id, score, grad_norm) and, optionally, the loss trajectories (float32 [N, loss_points])
+out.
 """
 
 from __future__ import annotations
@@ -83,6 +95,21 @@ DEFAULTS: dict = {
     # linear decay to 0, no weight decay, as in LESS; higher than LESS's 2e-5 because the
     # models here are tiny).
     "warmup_lr": 1.0e-3,
+    # Warm-up checkpoints whose gradients make up the features (LESS: one per warm-up
+    # epoch). The warm-up's steps are split into this many equal consecutive segments; the
+    # LoRA weights (and AdamW moments) at the end of each are kept, the gradient pass runs
+    # at each (same projection, same batches), and each checkpoint's rows f_k are
+    # L2-normalised and concatenated as sqrt(w_k) * f_k, w_k = the segment's mean learning
+    # rate / the sum over segments. Rows stay unit-norm and the cosine of two rows is LESS's
+    # lr-weighted sum of per-checkpoint cosines, so the features are warmup_checkpoints *
+    # dim wide. 1 (default): the end of the warm-up only. Needs >= as many warm-up steps.
+    "warmup_checkpoints": 1,
+    # Points of each example's loss trajectory (for S2L): its mean response-token loss,
+    # measured (no-grad, eval mode: the warm-up is unchanged) over the whole pool at this many
+    # evenly spaced warm-up steps from 0 (the base model) to the last; run_score writes them
+    # to out_trajectories [N, loss_points]. Costs loss_points forward passes over the pool.
+    # With no warm-up steps every point is the base model's loss (a warning says so).
+    "loss_points": 5,
     # Per-example gradient method: hook (captured layer inputs/output-grads + einsum,
     # fastest) or func (torch.func vmap over grad of functional_call).
     "method": "hook",
@@ -131,6 +158,16 @@ def merge_cfg(cfg: dict | None) -> dict:
     for key in ("dim", "batch_size", "max_length"):
         if int(out[key]) < 1:
             raise InputError(f"must be >= 1, got {out[key]}", field=f"score.{key}")
+    if int(out["warmup_checkpoints"]) < 1:
+        raise InputError(f"must be >= 1, got {out['warmup_checkpoints']}",
+                         field="score.warmup_checkpoints")
+    if (int(out["warmup_checkpoints"]) > 1 and out["warmup_steps"] is not None
+            and int(out["warmup_steps"]) < int(out["warmup_checkpoints"])):
+        raise InputError(f"{out['warmup_checkpoints']} checkpoints need at least as many "
+                         f"warm-up steps, got warmup_steps {out['warmup_steps']}",
+                         field="score.warmup_checkpoints")
+    if int(out["loss_points"]) < 2:
+        raise InputError(f"must be >= 2, got {out['loss_points']}", field="score.loss_points")
     if not 0 < float(out["warmup_fraction"]) <= 1:
         raise InputError(f"must be in (0, 1], got {out['warmup_fraction']}",
                          field="score.warmup_fraction")
@@ -166,12 +203,95 @@ def _warmup_steps(cfg: dict, n_subset: int) -> int:
     return int(math.ceil(float(cfg["warmup_epochs"]) * per_epoch))
 
 
-def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: int) -> dict:
+def checkpoint_ends(steps: int, n_checkpoints: int) -> list[int]:
+    """Warm-up steps after which the checkpoints are taken: the ends of ``n_checkpoints``
+    consecutive segments of equal length (segment j ends at step floor(j * steps / n))."""
+    return [(j * steps) // n_checkpoints for j in range(1, n_checkpoints + 1)]
+
+
+def loss_steps(steps: int, points: int) -> list[int]:
+    """The ``points`` warm-up steps at which the pool's losses are measured: evenly spaced
+    from 0 (before the first step) to ``steps`` (after the last), rounded to the nearest step
+    (halves up); with fewer steps than points some steps repeat."""
+    if points < 2:
+        raise ValueError(f"need >= 2 loss points, got {points}")
+    return [(2 * j * steps + points - 1) // (2 * (points - 1)) for j in range(points)]
+
+
+def checkpoint_weights(checkpoints: Sequence[dict]) -> list[float]:
+    """LESS's checkpoint weights: each segment's mean learning rate over their sum (equal
+    weights if every mean is zero, as for a warm-up of zero steps)."""
+    lrs = [float(c["lr_mean"]) for c in checkpoints]
+    total = sum(lrs)
+    if total <= 0:
+        return [1.0 / len(lrs)] * len(lrs)
+    return [lr / total for lr in lrs]
+
+
+def pool_losses(model, encoded: Sequence[dict], batch_size: int, pad_id: int) -> np.ndarray:
+    """Each example's :func:`per_example_loss` under ``model`` as it is now: float32 [N] in
+    the order of ``encoded``.
+
+    no_grad forward passes over length-sorted batches in eval mode (no dropout, so no RNG
+    draw; torch's CPU RNG is forked besides), and the model's train/eval mode is restored:
+    measuring leaves a warm-up's weights and random streams exactly as they were.
+    """
+    import torch
+
+    from .tokenize import collate
+
+    device = next(model.parameters()).device
+    out = np.zeros(len(encoded), dtype=np.float32)
+    order = np.argsort([e["length"] for e in encoded], kind="stable")
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            for lo in range(0, len(order), batch_size):
+                idx = order[lo:lo + batch_size]
+                batch = {k: v.to(device)
+                         for k, v in collate([encoded[i] for i in idx], pad_id).items()}
+                logits = model(input_ids=batch["input_ids"],
+                               attention_mask=batch["attention_mask"], use_cache=False).logits
+                out[idx] = per_example_loss(logits, batch["labels"]).float().cpu().numpy()
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _set_lora(model, values: dict) -> None:
+    import torch
+
+    params = dict(lora_parameters(model))
+    with torch.no_grad():
+        for name, value in values.items():
+            params[name].copy_(value)
+
+
+def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: int, *,
+                ckpt: "Checkpoints | None" = None) -> dict:
     """Train the LoRA adapters of ``model`` in place on a seeded subset; return metrics.
 
-    Metrics hold the subset size, steps, losses, and (for ``gradient_type: adam``) the
-    AdamW first/second moments flattened in ``lora_parameters`` order (``exp_avg``,
-    ``exp_avg_sq``; None when no step ran).
+    Metrics hold the subset size, steps, losses, the learning rate of each step
+    (``warmup_lrs``), and:
+
+    - ``checkpoints``: one dict per warm-up checkpoint (``warmup_checkpoints`` of them, at
+      the ends of equal consecutive segments of the steps): ``step``, ``lr_mean`` (the mean
+      learning rate of its segment), ``lora`` (name -> CPU tensor) and, for
+      ``gradient_type: adam``, the AdamW moments there, flattened in ``lora_parameters``
+      order (``exp_avg``, ``exp_avg_sq``; else None). Without warm-up steps: one
+      checkpoint, the initial adapters.
+    - ``exp_avg``, ``exp_avg_sq``: the last checkpoint's moments (None when no step ran).
+    - ``loss_trajectories``: float32 [N, loss_points], every example's
+      :func:`per_example_loss` at ``loss_points`` evenly spaced steps (:func:`loss_steps`),
+      column 0 before the first step (LoRA B is zero: the base model), the last after the
+      last step. Measuring (:func:`pool_losses`) changes neither the weights nor the RNG
+      streams of the warm-up.
+
+    ``ckpt``: the warm-up's state is kept in ``warmup.pt`` at every checkpoint (the
+    checkpoints so far, the optimiser, schedule, data order and RNG states, the losses
+    measured so far); a warm-up that was stopped resumes from the last one to the same
+    weights, and a finished one is loaded instead of run (``warmup_resumed``).
     """
     import torch
 
@@ -185,22 +305,78 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
     n_sub = min(n, max(1, round(float(cfg["warmup_fraction"]) * n)))
     subset = np.sort(rng.choice(n, size=n_sub, replace=False))
     steps = _warmup_steps(cfg, n_sub)
+    n_ckpt = int(cfg["warmup_checkpoints"])
+    if n_ckpt > 1 and steps < n_ckpt:
+        raise InputError(f"{n_ckpt} warm-up checkpoints need at least as many warm-up steps, "
+                         f"got {steps}", field="score.warmup_checkpoints")
+    ends = checkpoint_ends(steps, n_ckpt) if steps else [0]
+    at = loss_steps(steps, int(cfg["loss_points"]))
+    adam = cfg["gradient_type"] == "adam"
     params = lora_parameters(model)
+    loss_bs = int(cfg["batch_size"])
     out: dict = {"warmup_examples": int(n_sub), "warmup_steps": steps, "warmup_losses": [],
-                 "exp_avg": None, "exp_avg_sq": None}
+                 "warmup_lrs": [], "exp_avg": None, "exp_avg_sq": None, "checkpoints": [],
+                 "loss_trajectories": np.full((n, len(at)), np.nan, dtype=np.float32)}
+
+    def measure(step: int) -> None:
+        cols = [j for j, s in enumerate(at) if s == step]
+        if cols:
+            losses = pool_losses(model, encoded, loss_bs, pad_id)
+            out["loss_trajectories"][:, cols] = losses[:, None]
+
+    def take_checkpoint(step: int, opt=None) -> None:
+        first = ends[len(out["checkpoints"]) - 1] if out["checkpoints"] else 0
+        lrs = out["warmup_lrs"][first:step]
+        moments = {key: None for key in ("exp_avg", "exp_avg_sq")}
+        if adam and opt is not None:
+            st = [opt.state[p] for _, p in params]
+            moments = {key: torch.cat([s[key].reshape(-1) for s in st]).detach().cpu().clone()
+                       for key in moments}
+        out["checkpoints"].append({"step": step, "lr_mean": float(np.mean(lrs)) if lrs else 0.0,
+                                   "lora": {name: p.detach().cpu().clone() for name, p in params},
+                                   **moments})
+        out.update(moments)
+
+    saved = ckpt.load("warmup.pt") if ckpt is not None else None
+    if saved is not None:
+        out = saved["info"]
+        _set_lora(model, out["checkpoints"][-1]["lora"])
+    out["warmup_resumed"] = saved is not None
+    if saved is not None and saved["state"] is None:  # finished
+        model.eval()
+        return out
     if steps == 0:
+        measure(0)
+        if len(at) > 1:
+            log.warning("score.warmup_steps is 0: every one of the %d loss-trajectory points "
+                        "is the base model's loss", len(at))
+        take_checkpoint(0)
+        if ckpt is not None:
+            ckpt.save("warmup.pt", {"info": out, "state": None})
         return out
     device = params[0][1].device
     opt, sched = adamw([p for _, p in params], lr=cfg["warmup_lr"], weight_decay=0.0,
                        betas=ADAM_BETAS, eps=ADAM_EPS, schedule="linear",
                        warmup=max(1, round(0.03 * steps)), total=steps, floor=0.0)
     bs = min(int(cfg["batch_size"]), n_sub)
-    order, pos = rng.permutation(subset), 0
+    order, pos, start = rng.permutation(subset), 0, 0
+    state = saved["state"] if saved is not None else None
+    if state is not None:
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        rng.bit_generator.state = state["rng"]
+        order, pos, start = state["order"], state["pos"], state["step"]
     model.train()
     with torch.random.fork_rng(devices=[]):  # lora dropout draws from the global RNG
         torch.manual_seed(seed)
-        with Pace(steps, "score warm-up", disable=steps < 2) as pace:
-            for _ in range(steps):
+        if state is not None:
+            torch.set_rng_state(state["torch_rng"])
+            if state.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(state["cuda_rng"], device)
+        if start == 0:
+            measure(0)
+        with Pace(steps, "score warm-up", initial=start, disable=steps - start < 2) as pace:
+            for step in range(start, steps):
                 if pos >= len(order):  # next epoch (the last batch of one may be short)
                     order, pos = rng.permutation(subset), 0
                 batch = collate([encoded[i] for i in order[pos:pos + bs]], pad_id)
@@ -212,16 +388,24 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
                 check_finite(value, None, step=len(out["warmup_losses"]) + 1, total=steps,
                              run="score warm-up", lr_field="score.warmup_lr",
                              lr=float(cfg["warmup_lr"]))
+                out["warmup_lrs"].append(float(opt.param_groups[0]["lr"]))
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
                 out["warmup_losses"].append(round(value, 5))
                 pace.update()
+                measure(step + 1)
+                if step + 1 in ends:
+                    take_checkpoint(step + 1, opt)
+                    if ckpt is not None:
+                        last = step + 1 == steps
+                        ckpt.save("warmup.pt", {"info": out, "state": None if last else {
+                            "step": step + 1, "opt": opt.state_dict(),
+                            "sched": sched.state_dict(), "rng": rng.bit_generator.state,
+                            "order": order, "pos": pos, "torch_rng": torch.get_rng_state(),
+                            "cuda_rng": (torch.cuda.get_rng_state(device)
+                                         if device.type == "cuda" else None)}})
     model.eval()
-    if cfg["gradient_type"] == "adam":
-        st = [opt.state[p] for _, p in params]
-        out["exp_avg"] = torch.cat([s["exp_avg"].reshape(-1) for s in st]).detach()
-        out["exp_avg_sq"] = torch.cat([s["exp_avg_sq"].reshape(-1) for s in st]).detach()
     return out
 
 
@@ -440,7 +624,9 @@ def pool_scores(features: np.ndarray) -> np.ndarray:
 def compute_features_info(model, tokenizer, examples: Sequence[dict], cfg: dict | None,
                           seed: int = 0, ckpt: "Checkpoints | None" = None
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    """``compute_features`` plus an info dict (warm-up losses, timings, truncation count).
+    """``compute_features`` plus an info dict (warm-up losses, timings, truncation count,
+    ``checkpoint_steps`` and ``checkpoint_weights``, and ``loss_trajectories``: float32
+    [N, loss_points] in the order of ``examples``).
     ``ckpt``: where the warm-up and the gradient pass keep resumable progress."""
     import torch
 
@@ -457,8 +643,10 @@ def compute_features_info(model, tokenizer, examples: Sequence[dict], cfg: dict 
 
 
 class Checkpoints:
-    """Resumable progress of one score run: ``warmup.pt`` (the warm-up's LoRA weights and
-    info, Adam moments included) and ``gradients.pt`` (rows done so far), each replaced
+    """Resumable progress of one score run: ``warmup.pt`` (every warm-up checkpoint taken
+    so far, LoRA weights and Adam moments, the losses measured so far and, while the
+    warm-up is unfinished, what it needs to go on) and ``gradients.pt`` (the rows of every
+    checkpoint done so far and where the pass stands), each replaced
     atomically and used only by a run with the same fingerprint (config, seed, model, pool)."""
 
     def __init__(self, folder: str | os.PathLike, fingerprint: str) -> None:
@@ -501,8 +689,6 @@ def score_fingerprint(cfg: dict, seed: int, model_digest: str, pool_digest: str)
 
 def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
              ckpt: Checkpoints | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    import torch
-
     from .pace import Pace
     from .tokenize import collate, encode_example
 
@@ -534,20 +720,7 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
         for p in model.parameters():
             p.requires_grad_(False)
         pmodel = lora.add_lora(model, cfg["lora"], "score.lora", seed)
-        warm = ckpt.load("warmup.pt") if ckpt is not None else None
-        if warm is not None:
-            params = dict(lora_parameters(pmodel))
-            with torch.no_grad():
-                for name, value in warm["lora"].items():
-                    params[name].copy_(value)
-            info = warm["info"]
-        else:
-            info = warmup_lora(pmodel, encoded, cfg, seed, pad_id)
-            if ckpt is not None:
-                ckpt.save("warmup.pt", {"lora": {n: p.detach().cpu().clone()
-                                                 for n, p in lora_parameters(pmodel)},
-                                        "info": info})
-        info["warmup_resumed"] = warm is not None
+        info = warmup_lora(pmodel, encoded, cfg, seed, pad_id, ckpt=ckpt)
         t_warm = time.perf_counter() - t0
         if cfg["gradient_type"] == "adam" and info["exp_avg"] is None:
             raise InputError("gradient_type 'adam' needs a warm-up (warmup_steps > 0)",
@@ -556,32 +729,48 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
         d = sum(p.numel() for _, p in lora_parameters(pmodel))
         proj = Projector(d, int(cfg["dim"]), seed, cfg["projection"], device)
         order = np.argsort([e["length"] for e in encoded], kind="stable")
-        bs = int(cfg["batch_size"])
-        projected = np.zeros((len(encoded), int(cfg["dim"])), dtype=np.float32)
-        norms = np.zeros(len(encoded), dtype=np.float32)
-        start = 0
+        bs, n = int(cfg["batch_size"]), len(encoded)
+        checkpoints = info["checkpoints"]
+        n_ckpt = len(checkpoints)
+        # Rows of every checkpoint: [checkpoint, example, dim] and [checkpoint, example].
+        projected = np.zeros((n_ckpt, n, int(cfg["dim"])), dtype=np.float32)
+        norms = np.zeros((n_ckpt, n), dtype=np.float32)
+        k0, start = 0, 0
         done = ckpt.load("gradients.pt") if ckpt is not None else None
         if done is not None:
-            start, projected, norms = done["next"], done["projected"], done["norms"]
+            k0, start = done["checkpoint"], done["next"]
+            projected, norms = done["projected"], done["norms"]
         every = int(cfg["checkpoint_every"]) * bs if ckpt is not None else 0
-        info["gradients_resumed_at"] = start or None
+        info["gradients_resumed_at"] = ({"checkpoint": k0, "row": start}
+                                        if done is not None else None)
+        per_pass = math.ceil(n / bs)
+        left = (n_ckpt - k0) * per_pass - start // bs
         # Batches go shortest first, so the expected finish of the first pace lines is early.
-        with Pace(math.ceil((len(order) - start) / bs), "score gradients", unit="batch",
-                  units="batches", disable=len(order) - start <= bs) as pace:
-            for lo in range(start, len(order), bs):
-                idx = order[lo:lo + bs]
-                batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
-                g = per_example_grads(pmodel, batch, cfg["method"])
+        with Pace(left, "score gradients", unit="batch", units="batches",
+                  disable=left <= 1) as pace:
+            for k in range(k0, n_ckpt):
+                _set_lora(pmodel, checkpoints[k]["lora"])
                 if cfg["gradient_type"] == "adam":
-                    g = adam_direction(g, info["exp_avg"], info["exp_avg_sq"])
-                norms[idx] = g.norm(dim=1).cpu().numpy()
-                projected[idx] = proj(g).cpu().numpy()
-                refuse_rows(idx[~np.isfinite(projected[idx]).all(1)], "non-finite gradients",
-                            "the warm-up diverged or the model overflows", examples, cfg)
-                pace.update()
-                if every and (lo + bs) % every == 0 and lo + bs < len(order):
-                    ckpt.save("gradients.pt", {"next": lo + bs, "projected": projected,
-                                               "norms": norms})
+                    m, v = (checkpoints[k][key].to(device) for key in ("exp_avg", "exp_avg_sq"))
+                for lo in range(start if k == k0 else 0, n, bs):
+                    idx = order[lo:lo + bs]
+                    batch = {key: v_.to(device) for key, v_ in
+                             collate([encoded[i] for i in idx], pad_id).items()}
+                    g = per_example_grads(pmodel, batch, cfg["method"])
+                    if cfg["gradient_type"] == "adam":
+                        g = adam_direction(g, m, v)
+                    norms[k, idx] = g.norm(dim=1).cpu().numpy()
+                    projected[k, idx] = proj(g).cpu().numpy()
+                    refuse_rows(idx[~np.isfinite(projected[k, idx]).all(1)],
+                                "non-finite gradients",
+                                "the warm-up diverged or the model overflows", examples, cfg)
+                    pace.update()
+                    if every and (lo + bs) % every == 0 and lo + bs < n:
+                        ckpt.save("gradients.pt", {"checkpoint": k, "next": lo + bs,
+                                                   "projected": projected, "norms": norms})
+                if ckpt is not None and k + 1 < n_ckpt:
+                    ckpt.save("gradients.pt", {"checkpoint": k + 1, "next": 0,
+                                               "projected": projected, "norms": norms})
     finally:
         if pmodel is not None:
             pmodel.unload()  # remove the adapters: the caller's model is left as it was
@@ -590,18 +779,38 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
             p.requires_grad_(flag)
         if base_attn and getattr(model.config, "_attn_implementation", None) != base_attn:
             model.set_attn_implementation(base_attn)
-    refuse_rows(np.flatnonzero(norms == 0), "zero gradient",
+    refuse_rows(np.flatnonzero((norms == 0).any(0)), "zero gradient",
                 "their loss no longer depends on the LoRA weights, as after a warm-up that "
                 "diverged into a saturated model", examples, cfg)
-    features = l2_normalize(projected)
+    weights = checkpoint_weights(checkpoints)
+    features = combine_checkpoints([l2_normalize(p) for p in projected], weights)
     scores = pool_scores(features)
-    info.pop("exp_avg", None)
-    info.pop("exp_avg_sq", None)
-    info.update({"n": len(encoded), "truncated": n_trunc, "lora_dim": d, "dim": int(cfg["dim"]),
-                 "method": cfg["method"], "device": device,
+    for key in ("exp_avg", "exp_avg_sq", "checkpoints"):
+        info.pop(key, None)
+    info.update({"n": len(encoded), "truncated": n_trunc, "lora_dim": d,
+                 "dim": int(features.shape[1]), "projection_dim": int(cfg["dim"]),
+                 "checkpoint_steps": [int(c["step"]) for c in checkpoints],
+                 "checkpoint_weights": weights, "method": cfg["method"], "device": device,
                  "warmup_seconds": round(t_warm, 2),
                  "seconds": round(time.perf_counter() - t0, 2)})
-    return features, scores, norms, info
+    return features, scores, norms[-1], info
+
+
+def combine_checkpoints(rows: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    """Features of several warm-up checkpoints: ``concat_k sqrt(w_k) * f_k`` (float32).
+
+    With unit-norm per-checkpoint rows ``f_k`` and weights summing to 1 the rows stay
+    unit-norm, and the dot product (cosine) of two rows is exactly
+    ``sum_k w_k * cos_k``: LESS's influence, the learning-rate-weighted sum of the
+    per-checkpoint cosine similarities (with normalised weights). Concatenating rather than
+    summing the ``f_k`` keeps that identity (a sum would add cross-checkpoint terms
+    ``f_k . f'_l``), so clustering and pool scores see LESS's similarity. One checkpoint:
+    its rows unchanged.
+    """
+    if len(rows) == 1:
+        return rows[0]
+    return np.concatenate([np.float32(math.sqrt(w)) * f for w, f in zip(weights, rows)],
+                          axis=1).astype(np.float32)
 
 
 def refuse_rows(rows: np.ndarray, what: str, why: str, examples: Sequence[dict],
@@ -619,8 +828,8 @@ def refuse_rows(rows: np.ndarray, what: str, why: str, examples: Sequence[dict],
 
 def compute_features(model, tokenizer, examples: Sequence[dict], cfg: dict | None,
                      seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gradient features of pool examples: (features [N, dim] float32 L2-normalised rows,
-    scores [N], grad_norms [N]), all in the order of ``examples``.
+    """Gradient features of pool examples: (features [N, warmup_checkpoints * dim] float32
+    L2-normalised rows, scores [N], grad_norms [N]), all in the order of ``examples``.
 
     ``model`` is a base causal LM (HF ``LlamaForCausalLM`` or similar); LoRA adapters are
     added, warmed up and removed again, so the model is unchanged on return (weights,
@@ -635,14 +844,18 @@ def compute_features(model, tokenizer, examples: Sequence[dict], cfg: dict | Non
 
 def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict | None,
               out_features: str | os.PathLike, out_scores: str | os.PathLike, seed: int = 0,
-              threads: int | None = None, length_policy: dict | None = None) -> dict:
-    """Stage `score`: write features.npy [N, dim] and scores.parquet (id, score, grad_norm).
+              threads: int | None = None, length_policy: dict | None = None,
+              out_trajectories: str | os.PathLike | None = None) -> dict:
+    """Stage `score`: write features.npy [N, warmup_checkpoints * dim] and scores.parquet
+    (id, score, grad_norm), and with ``out_trajectories`` the loss trajectories (float32
+    [N, loss_points] .npy, pool order; output role "trajectories" in the provenance).
 
     ``threads`` (e.g. Snakemake's) sets torch's thread count unless cfg sets num_threads.
     ``length_policy`` ({max_length, truncation}, train's) is checked over the whole pool
     before the model loads, so an over-long example under 'error' (or a pool that 'reject'
     would empty) stops the run here rather than at train.
-    Returns the info dict (warm-up losses, timings, truncation count).
+    Returns the info dict (warm-up losses, timings, truncation count) without the
+    trajectory array (``compute_features_info`` returns it).
     """
     import pandas as pd
     import torch
@@ -675,7 +888,12 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
     write_parquet(out_scores, pd.DataFrame({"id": [r["id"] for r in records],
                                             "score": scores.astype(np.float64),
                                             "grad_norm": norms.astype(np.float64)}))
-    provenance.write({"features": out_features, "scores": out_scores}, "score", checked,
+    trajectories = info.pop("loss_trajectories")
+    outputs = {"features": out_features, "scores": out_scores}
+    if out_trajectories is not None:
+        save_npy(out_trajectories, trajectories)
+        outputs["trajectories"] = out_trajectories
+    provenance.write(outputs, "score", checked,
                      inherit=("pool", "model"), run_key="score_run", config=cfg, seed=seed)
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # the features are complete
     log.info("scored %d examples in %.1fs (warm-up %.1fs, %d truncated)", info["n"],
