@@ -216,3 +216,87 @@ def test_run_select_random_and_mismatch(tmp_path):
     assert not (tmp_path / "x.parquet").exists()
     with pytest.raises(InputError, match="does not exist"):
         run_select(tmp_path / "nope.parquet", s, "random", 0.5, None, out_p, out_j)
+
+
+# ----------------------------------------------------------------------- baselines (issue 13)
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=sizes_st, frac=st.floats(0.0, 1.0))
+def test_s2l_quotas_smallest_first_and_exact(sizes, frac):
+    from clusterft.select import s2l_quotas
+
+    total = int(round(frac * sum(sizes)))
+    q = s2l_quotas(sizes, total)
+    assert q.sum() == total and np.all(q <= np.asarray(sizes)) and np.all(q >= 0)
+    # S2L's loop by hand: clusters by increasing size, each min(size, left // clusters left)
+    left, want = total, {}
+    order = sorted(range(len(sizes)), key=lambda c: (sizes[c], c))
+    for i, c in enumerate(order):
+        want[c] = min(sizes[c], left // (len(sizes) - i))
+        left -= want[c]
+    assert q.tolist() == [want[c] for c in range(len(sizes))]
+
+
+def test_s2l_selection_balances_like_uniform_with_random_picks():
+    from clusterft.select import s2l_quotas
+
+    ids, clusters, scores = pool()
+    idx = select(ids, clusters, scores, "s2l", 0.31, seed=1)
+    counts = np.bincount(clusters[idx], minlength=4)
+    assert counts.tolist() == s2l_quotas(np.bincount(clusters), 25)[:4].tolist()
+    assert counts.tolist() == [8, 8, 7, 2]  # 25 over sizes (50, 20, 8, 2): 2, then 23//3=7, 8, 8
+    # within a cluster S2L samples at random (not by score)
+    assert not np.array_equal(idx, select(ids, clusters, scores, "cluster", 0.31,
+                                          {"within": "score"}, seed=1))
+
+
+def _labels_file(tmp_path, ids, labels):
+    from clusterft.io import write_parquet
+
+    p = tmp_path / "labels.parquet"
+    write_parquet(p, pd.DataFrame({"id": ids, "label": labels}))
+    return p
+
+
+def test_oracle_per_label_counts_equal_the_quotas(tmp_path):
+    ids, clusters, scores = pool()
+    names = np.array(["repeat", "reverse", "sort", "dedupe"])
+    truth = names[(clusters + 1) % 4]  # true labels are not the clusters
+    c, s = _files(tmp_path, ids, clusters, scores)
+    lab = _labels_file(tmp_path, ids, truth)
+    out_p, out_j = tmp_path / "o.parquet", tmp_path / "o.json"
+    for quota in ("uniform", "proportional", "sqrt"):
+        js = run_select(c, s, "oracle", 0.31, {"quota": quota}, out_p, out_j, seed=0, labels=lab)
+        df = pd.read_parquet(out_p)
+        of = dict(zip(ids, truth))
+        got = pd.Series([of[i] for i in df["id"]]).value_counts()
+        pool_sizes = pd.Series(truth).value_counts().sort_index()  # codes follow sorted labels
+        want = cluster_quotas(pool_sizes.to_numpy(), 25, quota)
+        assert [int(got.get(lbl, 0)) for lbl in pool_sizes.index] == want.tolist()
+        assert js["quota"] == quota and js["n_clusters"] == 4
+    with pytest.raises(InputError, match="needs the labels"):
+        run_select(c, s, "oracle", 0.31, None, out_p, out_j)
+    short = _labels_file(tmp_path, ids[:-3], truth[:-3])
+    with pytest.raises(InputError, match="3 pool ids have no label"):
+        run_select(c, s, "oracle", 0.31, None, out_p, out_j, labels=short)
+
+
+def test_rs2_writes_a_fresh_subset_per_epoch(tmp_path):
+    ids, clusters, scores = pool()
+    c, s = _files(tmp_path, ids, clusters, scores, sim=False)
+    out_p, out_j = tmp_path / "o.parquet", tmp_path / "o.json"
+    js = run_select(c, s, "rs2", 0.31, None, out_p, out_j, seed=2, epochs=3)
+    df = pd.read_parquet(out_p)
+    assert list(df.columns) == ["id", "cluster", "score", "epoch"]
+    sizes = df.groupby("epoch").size()
+    assert sizes.index.tolist() == [0, 1, 2] and set(sizes) == {25}
+    assert not df.duplicated(["epoch", "id"]).any()
+    subsets = [set(g["id"]) for _, g in df.groupby("epoch")]
+    assert subsets[0] != subsets[1] != subsets[2]
+    assert js["epochs"] == 3 and js["n_distinct"] == len(set().union(*subsets)) > 25
+    assert js["n_selected"] == 25
+    np.testing.assert_array_equal(np.sort([list(ids).index(i) for i in subsets[0]]),
+                                  select(ids, clusters, scores, "rs2", 0.31, seed=2))
+    run_select(c, s, "rs2", 0.31, None, tmp_path / "p.parquet", tmp_path / "p.json", seed=2,
+               epochs=3)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "p.parquet"), df)  # by seed

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "workflow" / "clusterft"
 
 # One module per workflow stage (models: the tokenizer and base_model stages).
-STAGES = {"data", "corpus", "decontaminate", "models", "score", "cluster", "select", "train",
-          "evaluate", "report"}
+STAGES = {"data", "corpus", "decontaminate", "models", "score", "features", "trajectories",
+          "cluster", "select", "train", "evaluate", "report"}
 # Entry points and tools above the stages: they may import anything.
 TOP = {"__main__", "cli", "config", "configdoc", "compare", "smk"}
 

@@ -1,14 +1,41 @@
-"""Names that appear in run paths, configs and tables, written once: the selection methods
-and the ways of dealing the data over the GPUs. Stages, the workflow and the CLI import
-them from here (no torch: the Snakefile imports this at parse time)."""
+"""Names that appear in run paths, configs and tables, written once: the selection methods,
+the feature kinds they cluster, and the ways of dealing the data over the GPUs. Stages, the
+workflow and the CLI import them from here (no torch: the Snakefile imports this at parse
+time)."""
 
 from __future__ import annotations
 
-# Selection methods: the whole pool, a random subset, gradient-cluster selection.
-METHODS = ("full", "random", "cluster")
-FULL, RANDOM, CLUSTER = METHODS
+# Selection methods:
+# - full: the whole pool; random: a uniform random subset;
+# - cluster: the method (per-cluster quotas on clusters of gradient features);
+# - embed-cluster, tfidf-cluster: the same quotas on clusters of other features (do
+#   gradients find the skills better than the model's embeddings or the words do?);
+# - s2l: S2L (Yang et al. 2024): clusters of loss trajectories, smallest cluster first;
+# - oracle: the same quotas on the TRUE labels (a reference for what perfect skill
+#   recovery would buy, never a contender: it reads labels no method can see).
+# - rs2: RS2 (Okanovic et al. 2023): a fresh uniform random subset of the budget's size every
+#   epoch (same steps as the other runs at that budget, more distinct examples seen).
+METHODS = ("full", "random", "cluster", "embed-cluster", "tfidf-cluster", "s2l", "oracle", "rs2")
+FULL, RANDOM, CLUSTER, EMBED_CLUSTER, TFIDF_CLUSTER, S2L, ORACLE, RS2 = METHODS
+# Reference selections that may read the true labels: reported, never ranked as methods.
+REFERENCES = (ORACLE,)
 # The base model evaluated without fine-tuning (a run of its own in paths and tables).
 BASE = "base"
+
+# Features the cluster stage runs on: per-example gradients (score), the base model's mean
+# last hidden state, TF-IDF of the text, and warm-up loss trajectories (S2L's proxy signal).
+FEATURE_KINDS = ("gradient", "embedding", "tfidf", "loss")
+GRADIENT, EMBEDDING, TFIDF, LOSS = FEATURE_KINDS
+# The features whose clusters each method selects from (full, random and oracle read the
+# gradient run's ids only; rs2 too).
+FEATURES_OF = {CLUSTER: GRADIENT, EMBED_CLUSTER: EMBEDDING, TFIDF_CLUSTER: TFIDF, S2L: LOSS}
+
+
+def features_of(method: str) -> str:
+    """The feature kind whose clusters (and ids) ``method`` reads."""
+    return FEATURES_OF.get(method, GRADIENT)
+
+
 # How the selected data is dealt over the ranks: torch's DistributedSampler, or
 # clusterft.sampler.ClusterBalancedSampler.
 DISTRIBUTIONS = ("random", "balanced")

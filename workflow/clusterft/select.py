@@ -1,4 +1,5 @@
-"""Budgeted data selection: everything, a uniform random subset, or per-cluster quotas.
+"""Budgeted data selection: everything, a uniform random subset, per-cluster quotas on
+clusters of some features (the method and its feature baselines), S2L, or the oracle.
 
 Methods (``select``):
 - ``full``: every example (the budget is checked but not used).
@@ -21,6 +22,20 @@ Methods (``select``):
   - ``centroid``: highest cosine with the cluster centroid first (most prototypical;
     same caveat); needs clusters.parquet's ``centroid_sim`` column.
 
+- ``embed-cluster``, ``tfidf-cluster``: exactly ``cluster`` (same quotas, same within-
+  cluster rule) on clusters of other features; the caller passes those clusters.
+- ``oracle``: exactly ``cluster`` on the TRUE labels (labels.parquet) instead of clusters:
+  what perfect skill recovery would buy under the same quotas. A reference, not a method.
+- ``s2l``: S2L's own budget rule (Yang et al. 2024) on clusters of loss trajectories:
+  clusters in increasing size, each takes ``min(size, remaining // clusters left)`` at
+  random. Its shares are the uniform water-filling ones, rounded S2L's way (floors, the
+  remainder going to the larger clusters), so it differs from ``cluster`` in its features
+  and its rounding, not in its balance rule.
+
+- ``rs2``: RS2 (Okanovic et al. 2023): for each of ``epochs`` epochs a fresh seeded uniform
+  subset of the same ``n``; selection.parquet gets an ``epoch`` column and train uses
+  subset e in epoch e. Same steps as a fixed subset, more distinct examples seen.
+
 ``run_select`` is the stage's file I/O edge: clusters.parquet + scores.parquet in,
 selection.parquet (id, cluster, score; pool order) + selection.json out.
 """
@@ -36,7 +51,7 @@ import numpy as np
 from . import provenance
 from .sections import merge_section
 from .errors import InputError
-from .names import CLUSTER, FULL, METHODS, RANDOM
+from .names import FULL, METHODS, ORACLE, RANDOM, RS2, S2L
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +141,45 @@ def cluster_quotas(sizes, total: int, quota: str = "uniform") -> np.ndarray:
     return base
 
 
+def s2l_quotas(sizes, total: int) -> np.ndarray:
+    """S2L's per-cluster budget: smallest cluster first, each ``min(size, left // clusters
+    left)``; sums to ``total`` (<= sum of sizes) exactly, since the last, largest cluster
+    takes what is left."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if sizes.ndim != 1 or len(sizes) == 0 or np.any(sizes < 1):
+        raise ValueError(f"cluster sizes must be positive, got {sizes.tolist()}")
+    if not 0 <= total <= int(sizes.sum()):
+        raise ValueError(f"total {total} outside [0, {int(sizes.sum())}]")
+    k = len(sizes)
+    out = np.zeros(k, dtype=np.int64)
+    left = int(total)
+    for i, c in enumerate(np.lexsort((np.arange(k), sizes))):  # smallest first, then lower id
+        out[c] = min(int(sizes[c]), left // (k - i))
+        left -= int(out[c])
+    assert left == 0, (sizes.tolist(), total)
+    return out
+
+
+def rs2_subsets(n_pool: int, n: int, epochs: int, seed: int = 0) -> list[np.ndarray]:
+    """RS2's per-epoch subsets: ``epochs`` sorted index arrays of ``n`` rows each, drawn
+    without replacement within an epoch and independently across epochs (RS2 without
+    replacement across epochs is a variant; the paper's default draws afresh)."""
+    if int(epochs) < 1:
+        raise InputError(f"rs2 needs epochs >= 1, got {epochs}", field="epochs")
+    return [np.sort(np.random.default_rng([seed, 2, e]).choice(n_pool, size=n, replace=False)
+                    ).astype(np.int64) for e in range(int(epochs))]
+
+
+def _rule(method: str, cfg: dict) -> tuple[str | None, str | None]:
+    """(quota rule, within-cluster rule) of a method: none for full and random, S2L's own
+    for s2l, the configured ones for cluster, its feature baselines and the oracle."""
+    if method in (FULL, RANDOM, RS2):
+        return None, None
+    if method == S2L:
+        return S2L, "random"
+    return cfg["quota"], cfg["within"]
+
+
 def _pick(members: np.ndarray, m: int, within: str, scores: np.ndarray | None,
           centroid_sim: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
     if m >= len(members):
@@ -164,17 +218,20 @@ def select(ids, clusters, scores, method: str, budget: float, cfg: dict | None =
     m = n_select(n, budget)
     if method == FULL:
         return np.arange(n, dtype=np.int64)
+    if method == RS2:  # its first epoch's subset (run_select writes every epoch's)
+        return rs2_subsets(n, m, 1, seed)[0]
     if method == RANDOM:
         return np.sort(np.random.default_rng(seed).choice(n, size=m, replace=False)).astype(np.int64)
     labels, inv, sizes = np.unique(clusters, return_inverse=True, return_counts=True)
-    quotas = cluster_quotas(sizes, m, cfg["quota"])
+    quota, within = _rule(method, cfg)
+    quotas = s2l_quotas(sizes, m) if quota == S2L else cluster_quotas(sizes, m, quota)
     scores = None if scores is None else np.asarray(scores, dtype=np.float64)
     sim = None if centroid_sim is None else np.asarray(centroid_sim, dtype=np.float64)
     picked = []
     for j in range(len(labels)):
         members = np.flatnonzero(inv == j)
         rng = np.random.default_rng([seed, j])  # one stream per cluster
-        picked.append(_pick(members, int(quotas[j]), cfg["within"], scores, sim, rng))
+        picked.append(_pick(members, int(quotas[j]), within, scores, sim, rng))
     out = np.sort(np.concatenate(picked)).astype(np.int64)
     assert len(out) == m
     return out
@@ -189,25 +246,56 @@ def summarize(clusters, selected: np.ndarray, method: str, budget: float, seed: 
     sel = np.unique(clusters[selected], return_counts=True)
     chosen = dict(zip(sel[0].tolist(), sel[1].tolist()))
     return {"method": method, "budget": float(budget), "seed": int(seed),
-            "quota": cfg["quota"] if method == CLUSTER else None,
-            "within": cfg["within"] if method == CLUSTER else None,
+            **dict(zip(("quota", "within"), _rule(method, cfg))),
             "n_pool": int(len(clusters)), "n_selected": int(len(selected)),
             "n_clusters": int(len(labels)),
             "clusters": [{"cluster": int(c), "n_pool": int(k), "n_selected": int(chosen.get(c, 0))}
                          for c, k in zip(labels.tolist(), counts.tolist())]}
 
 
+def oracle_clusters(ids: np.ndarray, labels: str | os.PathLike) -> np.ndarray:
+    """Integer codes of the true labels of ``ids`` (labels.parquet: id, label), in the order
+    of ``ids``; every id must have a label (a labels file of another pool is refused)."""
+    import pandas as pd
+
+    if not os.path.exists(labels):
+        raise InputError("file does not exist (method 'oracle' reads the true labels)",
+                         path=str(labels))
+    df = pd.read_parquet(labels)
+    for col in ("id", "label"):
+        if col not in df.columns:
+            raise InputError(f"no '{col}' column (has {list(df.columns)})", path=str(labels),
+                             field=col)
+    of = dict(zip(df["id"].astype(str), df["label"].astype(str)))
+    missing = [i for i in ids if i not in of]
+    if missing:
+        raise InputError(f"{len(missing)} pool ids have no label (e.g. {missing[:3]}); the "
+                         "labels must come from the prepare_data run of this pool",
+                         path=str(labels), field="id")
+    _, codes = np.unique([of[i] for i in ids], return_inverse=True)
+    return codes.astype(np.int64)
+
+
 def run_select(clusters: str | os.PathLike, scores: str | os.PathLike, method: str,
                budget: float, cfg: dict | None, out_selection: str | os.PathLike,
-               out_summary: str | os.PathLike, seed: int = 0) -> dict:
+               out_summary: str | os.PathLike, seed: int = 0,
+               labels: str | os.PathLike | None = None, epochs: int = 1) -> dict:
     """Stage `select`: write selection.parquet (id, cluster, score; pool order) and
     selection.json (method, budget, seed, quota, within, n_pool, n_selected, per-cluster
-    pool/selected counts). Returns the summary."""
+    pool/selected counts). Returns the summary.
+
+    ``clusters``: the clusters of the method's features (clusterft.names.features_of).
+    ``labels``: labels.parquet, read by method ``oracle`` only, whose "clusters" are the
+    true labels (their codes, in sorted label order, go to the ``cluster`` column).
+    ``epochs``: how many per-epoch subsets method ``rs2`` writes (the ``epoch`` column; a
+    train run with more epochs cycles through them)."""
     import pandas as pd
 
     from .io import write_json, write_parquet
 
     cfg = merge_cfg(cfg)
+    if method == ORACLE and labels is None:
+        raise InputError("method 'oracle' needs the labels file (labels.parquet)", field="labels")
     frames = {}
     for path, need in ((clusters, ("id", "cluster")), (scores, ("id", "score"))):
         if not os.path.exists(path):
@@ -218,23 +306,38 @@ def run_select(clusters: str | os.PathLike, scores: str | os.PathLike, method: s
                 raise InputError(f"no '{col}' column (has {list(df.columns)})", path=str(path),
                                  field=col)
         frames[path] = df
-    checked = provenance.check_inputs({"clusters": clusters, "scores": scores}, "select")
+    checked = provenance.check_inputs({"clusters": clusters, "scores": scores,
+                                       "labels": labels if method == ORACLE else None}, "select")
     cdf, sdf = frames[clusters], frames[scores]
     c_ids, s_ids = cdf["id"].astype(str).to_numpy(), sdf["id"].astype(str).to_numpy()
     if len(c_ids) != len(s_ids) or not (c_ids == s_ids).all():
         raise InputError(f"ids differ from {scores} (row counts {len(cdf)} vs {len(sdf)}); "
                          "both must come from the same score run", path=str(clusters), field="id")
     sim = cdf["centroid_sim"].to_numpy() if "centroid_sim" in cdf.columns else None
-    idx = select(cdf["id"].to_numpy(), cdf["cluster"].to_numpy(), sdf["score"].to_numpy(),
+    groups = cdf["cluster"].to_numpy()
+    if method == ORACLE:
+        groups, sim = oracle_clusters(c_ids, labels), None
+    idx = select(cdf["id"].to_numpy(), groups, sdf["score"].to_numpy(),
                  method, budget, cfg, seed, centroid_sim=sim)
-    out = pd.DataFrame({"id": cdf["id"].astype(str).to_numpy()[idx],
-                        "cluster": cdf["cluster"].to_numpy()[idx].astype(np.int64),
-                        "score": sdf["score"].to_numpy()[idx].astype(np.float64)})
-    summary = summarize(cdf["cluster"].to_numpy(), idx, method, budget, seed, cfg)
+    per_epoch = rs2_subsets(len(c_ids), len(idx), epochs, seed) if method == RS2 else [idx]
+
+    def rows(ix: np.ndarray) -> pd.DataFrame:
+        return pd.DataFrame({"id": c_ids[ix], "cluster": groups[ix].astype(np.int64),
+                             "score": sdf["score"].to_numpy()[ix].astype(np.float64)})
+
+    out = rows(idx)
+    if method == RS2:
+        out = pd.concat([rows(ix).assign(epoch=np.int64(e)) for e, ix in enumerate(per_epoch)],
+                        ignore_index=True)
+    summary = summarize(groups, idx, method, budget, seed, cfg)
+    if method == RS2:
+        summary["epochs"] = len(per_epoch)
+        summary["n_distinct"] = int(len(np.unique(np.concatenate(per_epoch))))
     write_parquet(out_selection, out)
     write_json(out_summary, summary)
     provenance.write({"selection": out_selection, "summary": out_summary}, "select", checked,
                      inherit=("clusters",), run_key="selection",
-                     config={"method": method, "budget": budget, **cfg}, seed=seed)
+                     config={"method": method, "budget": budget, **cfg,
+                             **({"epochs": int(epochs)} if method == RS2 else {})}, seed=seed)
     log.info("%s budget %s: %d of %d selected", method, budget, len(idx), len(cdf))
     return summary
