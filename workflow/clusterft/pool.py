@@ -158,8 +158,20 @@ def write_pool(path: str | os.PathLike, records: Iterable[dict]) -> int:
 
 # ---------------------------------------------------------------------------- selections
 
+# The optional column of a selection that assigns each row to an epoch's subset.
+EPOCH = "epoch"
+
+
 def read_selection(path: str | os.PathLike):
-    """Read selection.parquet (columns id, cluster, score)."""
+    """Read selection.parquet (columns id, cluster, score; optionally epoch).
+
+    Without an ``epoch`` column the selection is one subset, trained on every epoch: each id
+    at most once. With one (RS2-style repeated sampling, method ``rs2``) the rows with
+    ``epoch == e`` are epoch e's subset: the epochs are the integers 0..E-1 with none
+    missing, every epoch has the same number of rows, an id appears at most once per epoch
+    (it may recur in other epochs) and keeps one cluster throughout. Every violation is an
+    InputError naming the file and the field.
+    """
     import pandas as pd
 
     p = Path(path)
@@ -172,7 +184,9 @@ def read_selection(path: str | os.PathLike):
     for col in ("id", "cluster"):
         if col not in df.columns:
             raise InputError(f"missing column '{col}' (need id, cluster, score)", path=str(p), field=col)
-    if df["id"].duplicated().any():
+    if EPOCH in df.columns:
+        _check_epochs(df, str(p))
+    elif df["id"].duplicated().any():
         dup = df["id"][df["id"].duplicated()].iloc[0]
         raise InputError(f"duplicate id '{dup}'", path=str(p), field="id")
     if len(df) == 0:
@@ -180,12 +194,61 @@ def read_selection(path: str | os.PathLike):
     return df
 
 
+def _check_epochs(df, path: str) -> None:
+    """Validate a selection's ``epoch`` column (see :func:`read_selection`)."""
+    import pandas as pd
+
+    def bad(what: str, field: str = EPOCH) -> InputError:
+        return InputError(what, path=path, field=field)
+
+    ep = df[EPOCH]
+    if not pd.api.types.is_integer_dtype(ep.dtype) or pd.api.types.is_bool_dtype(ep.dtype):
+        raise bad(f"must hold integers (the epoch whose subset each row belongs to), got dtype "
+                  f"{ep.dtype}")
+    if ep.isna().any():
+        raise bad(f"missing value in row {int(np.flatnonzero(ep.isna().to_numpy())[0])}; every "
+                  "row needs its epoch")
+    if len(df) == 0:
+        return
+    e = ep.to_numpy(dtype=np.int64)
+    if (e < 0).any():
+        row = int(np.flatnonzero(e < 0)[0])
+        raise bad(f"must be >= 0, got {int(e[row])} in row {row}")
+    epochs, sizes = np.unique(e, return_counts=True)
+    gap = np.flatnonzero(epochs != np.arange(len(epochs)))
+    if len(gap):
+        missing = int(gap[0])
+        raise bad(f"epochs must be numbered 0..E-1 with none missing: no rows for epoch "
+                  f"{missing} (epochs present: {_brief(epochs)})")
+    if (sizes != sizes[0]).any():
+        j = int(np.flatnonzero(sizes != sizes[0])[0])
+        raise bad(f"every epoch's subset must have the same size: epoch 0 has {int(sizes[0])} "
+                  f"rows, epoch {j} has {int(sizes[j])}")
+    dup = df.duplicated(["id", EPOCH])
+    if dup.any():
+        row = int(np.flatnonzero(dup.to_numpy())[0])
+        raise bad(f"id '{df['id'].iloc[row]}' appears twice in epoch {int(e[row])} (row {row}); "
+                  "an epoch's subset holds each id at most once")
+    per_id = df.groupby("id", sort=False)["cluster"].nunique()
+    if (per_id > 1).any():
+        rid = per_id.index[int(np.flatnonzero(per_id.to_numpy() > 1)[0])]
+        raise bad(f"id '{rid}' has different clusters in different epochs; an id keeps one "
+                  "cluster", field="cluster")
+
+
+def _brief(values: np.ndarray, k: int = 8) -> str:
+    shown = ", ".join(str(int(v)) for v in values[:k])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > k else "")
+
+
 def select_records(pool: list[dict], selection, pool_path: str = "pool",
                    selection_path: str = "selection") -> tuple[list[dict], np.ndarray, list[int]]:
     """Restrict a loaded pool to the selection ids, in pool order.
 
     Returns (records, their cluster ids, their 1-based pool lines); an id the pool lacks is
-    an error naming the selection file and the row.
+    an error naming the selection file and the row. A selection with epochs gives every
+    distinct id once (the union of the epochs' subsets); :func:`epoch_subsets` says which
+    of these records each epoch holds.
     """
     by_id = {rec["id"]: i for i, rec in enumerate(pool)}
     cluster_of = dict(zip(selection["id"].astype(str), selection["cluster"].astype(int)))
@@ -197,3 +260,23 @@ def select_records(pool: list[dict], selection, pool_path: str = "pool",
     records = [pool[i] for i in idx]
     clusters = np.asarray([cluster_of[r["id"]] for r in records], dtype=np.int64)
     return records, clusters, [i + 1 for i in idx]
+
+
+def selection_epochs(selection) -> int | None:
+    """How many epoch subsets a selection holds (E), or None for one subset for every epoch."""
+    if EPOCH not in selection.columns:
+        return None
+    return int(selection[EPOCH].max()) + 1
+
+
+def epoch_subsets(selection, records: list[dict]) -> list[np.ndarray] | None:
+    """Each epoch's subset as ascending indices into ``records`` (those of
+    :func:`select_records`, so in pool order), epochs 0..E-1; None without an epoch column."""
+    n_epochs = selection_epochs(selection)
+    if n_epochs is None:
+        return None
+    pos = {r["id"]: i for i, r in enumerate(records)}
+    at = np.fromiter((pos[s] for s in selection["id"].astype(str)), dtype=np.int64,
+                     count=len(selection))
+    ep = selection[EPOCH].to_numpy(dtype=np.int64)
+    return [np.sort(at[ep == e]) for e in range(n_epochs)]

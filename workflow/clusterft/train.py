@@ -16,12 +16,25 @@ Rank 0 saves the model dir (LoRA merged into the weights) and ``train_metrics.js
 Each rank's step batch runs as length-sorted micro-batches with the LM head applied only
 at labelled positions (``clusterft.microbatch``): the gradient of the padded batch, with
 less padding and head work (``group_cost_tokens``, ``sparse_logits``).
+
+A selection with an ``epoch`` column (RS2, Okanovic et al. 2023: a fresh random subset of
+the budget's size every epoch; see :func:`clusterft.pool.read_selection`) holds E subsets
+of equal size: training epoch e uses subset ``e mod E``, so a run with more epochs than the
+selection holds cycles through them again and a run with fewer uses the first ones. Each
+epoch's sampler is built on that subset alone (its records in pool order, its clusters and
+lengths) exactly as it would be for a fixed selection of it, and is set to the training
+epoch; steps per epoch, the schedule's total and checkpoints are as for one subset. Every
+distinct record is tokenised once. ``train_metrics.json`` records ``selection_epochs`` (E,
+or null for a fixed selection), ``distinct_examples`` (ids drawn over the whole run, all
+ranks) and ``epoch_ids_sha1`` (per training epoch run, the SHA-1 of the sorted ids its
+batches drew, newline-joined: compare with a selection's subsets).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import math
 import os
 import shutil
@@ -43,7 +56,7 @@ from .io import set_offline_env, write_json
 from .lora import DEFAULTS as LORA_DEFAULTS
 from .names import DISTRIBUTIONS, RANDOM_SPLIT
 from .optim import SCHEDULES
-from .pool import load_pool, read_selection, select_records
+from .pool import epoch_subsets, load_pool, read_selection, select_records
 from .precision import PRECISIONS, resolve_precision
 from .runtime import freeze_for_exit
 from .tokenize import LENGTH_POLICY, POLICIES, encode_records
@@ -61,7 +74,8 @@ DEFAULTS: dict = {
     "warmup_ratio": 0.05,
     # Decay after warm-up: linear | cosine | constant (decays to 10% of lr).
     "schedule": "linear",
-    # Passes over the selected data.
+    # Passes over the selected data. A selection with E epoch subsets (RS2) trains epoch e on
+    # subset e mod E: more epochs than E cycle through them, fewer use the first ones.
     "epochs": 3,
     # Examples per rank per step (global batch = batch_size * world_size); ignored when
     # global_batch_size is set.
@@ -161,19 +175,35 @@ def rank_batch_size(cfg: dict, world_size: int) -> int:
 def load_examples(tokenizer, pool: str | os.PathLike, selection: str | os.PathLike,
                   cfg: dict) -> tuple[list[dict], np.ndarray, int]:
     """The selected pool records, tokenised under the length policy: (examples, their
-    cluster ids, how many the policy rejected)."""
-    records, clusters, lines = select_records(load_pool(pool), read_selection(selection),
-                                              str(pool), str(selection))
+    cluster ids, how many the policy rejected). For a selection with epochs, every distinct
+    record once (:func:`load_selection` also says which each epoch holds)."""
+    return load_selection(tokenizer, pool, selection, cfg)[:3]
+
+
+def load_selection(tokenizer, pool: str | os.PathLike, selection: str | os.PathLike,
+                   cfg: dict) -> tuple[list[dict], np.ndarray, int, list[np.ndarray] | None]:
+    """:func:`load_examples` plus the epoch subsets: (examples, clusters, rejected count,
+    subsets) where ``subsets`` is None for a fixed selection, else per selection epoch the
+    ascending indices into ``examples`` of its records (those the length policy kept).
+    Each distinct record is tokenised once, however many epochs hold it."""
+    sel = read_selection(selection)
+    records, clusters, lines = select_records(load_pool(pool), sel, str(pool), str(selection))
+    subsets = epoch_subsets(sel, records)
     examples, rejected = encode_records(tokenizer, records, int(cfg["max_length"]),
                                         cfg["truncation"], where=str(pool), lines=lines)
     if rejected:
-        clusters = clusters[np.setdiff1d(np.arange(len(records)), rejected)]
+        kept = np.setdiff1d(np.arange(len(records)), rejected)
+        clusters = clusters[kept]
+        if subsets is not None:
+            new = np.full(len(records), -1, dtype=np.int64)
+            new[kept] = np.arange(len(kept))
+            subsets = [new[s][new[s] >= 0] for s in subsets]
     if not examples:
         raise InputError(f"all {len(records)} selected records (pool lines "
                          f"{lines[0]}-{lines[-1]}) are longer than max_length = "
                          f"{cfg['max_length']} and truncation = 'reject' dropped them: nothing "
                          "left to train on", path=str(pool), field="train.max_length")
-    return examples, clusters, len(rejected)
+    return examples, clusters, len(rejected), subsets
 
 
 def load_model(model_dir: str, cfg: dict):
@@ -191,8 +221,10 @@ def load_model(model_dir: str, cfg: dict):
 
 def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg: dict, d: Dist,
                distribution: str, seed: int, ckpt_dir: Path | None = None,
-               run_name: str = "train") -> dict:
+               run_name: str = "train", subsets: list[np.ndarray] | None = None) -> dict:
     """Fine-tune ``model`` in place on ``examples``; returns the metrics (same on every rank).
+    ``subsets`` (RS2): per selection epoch, indices into ``examples``; training epoch e
+    trains on subset ``e mod len(subsets)`` (None: every epoch on all of ``examples``).
     A loss or gradient that stops being finite raises DivergedError naming ``run_name``."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -203,17 +235,21 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     from .sampler import epoch_batches, make_sampler
     from .tokenize import Collator
 
-    # Data order: every rank must take the same number of steps, or DDP hangs.
+    # Data order: every rank must take the same number of steps, or DDP hangs. One sampler
+    # per subset (one subset, all examples, for a fixed selection), built on its examples.
     bs = rank_batch_size(cfg, d.world_size)
     lengths = np.asarray([e["length"] for e in examples], dtype=np.int64)
-    sampler = make_sampler(distribution, clusters, lengths, d.world_size, d.rank, bs, seed,
-                           bool(cfg["drop_last"]))
-    steps_per_epoch = math.ceil(len(sampler) / bs)
-    counts = gather_object(d, steps_per_epoch)
-    if len(set(counts)) != 1:
+    views = [np.arange(len(examples))] if subsets is None else [np.asarray(s, dtype=np.int64)
+                                                                 for s in subsets]
+    samplers = [make_sampler(distribution, clusters[v], lengths[v], d.world_size, d.rank, bs,
+                             seed, bool(cfg["drop_last"])) if len(v) else None for v in views]
+    subset_steps = [math.ceil(len(s) / bs) if s is not None else 0 for s in samplers]
+    counts = gather_object(d, subset_steps)
+    if any(c != counts[0] for c in counts):
         raise RuntimeError(f"ranks disagree on steps per epoch: {counts} (sampler bug)")
     epochs = int(cfg["epochs"])
-    total_steps = steps_per_epoch * epochs
+    epoch_steps = [subset_steps[e % len(views)] for e in range(epochs)]
+    total_steps = sum(epoch_steps)
     if total_steps == 0:
         raise InputError("no training steps (selection smaller than one batch with drop_last)",
                          field="train.drop_last")
@@ -225,8 +261,10 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     opt, sched = adamw(params, lr=cfg["lr"], weight_decay=cfg["weight_decay"],
                        schedule=cfg["schedule"], warmup=round(float(cfg["warmup_ratio"]) * total_steps),
                        total=total_steps, field="train.schedule")
-    fp = checkpoint.fingerprint(cfg, d.world_size, distribution, seed,
-                                [str(e.get("id")) for e in examples])
+    ids = [str(e.get("id")) for e in examples]
+    if subsets is not None:  # which examples each epoch holds is part of the data
+        ids += [f"#epoch {k}: " + ",".join(map(str, v.tolist())) for k, v in enumerate(views)]
+    fp = checkpoint.fingerprint(cfg, d.world_size, distribution, seed, ids)
     log: dict[str, Any] = {"per_rank_tokens_per_step": [], "padded_tokens_per_step": [],
                            "per_rank_loss_tokens_per_step": [], "losses": [], "step_times": [],
                            "wall_time_s": 0.0}
@@ -250,10 +288,20 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
                 disable=d.rank != 0, mininterval=1.0)
     stopped_early = False
     t_loop = time.perf_counter()
-    for epoch in range(start_epoch, epochs):
-        batches = epoch_batches(sampler, epoch, bs)
-        for b in range(start_batch if epoch == start_epoch else 0, len(batches)):
+    # Example indices this rank drew, per training epoch (for distinct_examples); a resumed
+    # run recounts the steps done before the checkpoint from the same deterministic plans.
+    drawn: list[set[int]] = [set() for _ in range(epochs)]
+    for epoch in range(epochs):
+        view, sampler = views[epoch % len(views)], samplers[epoch % len(views)]
+        batches = [] if sampler is None else epoch_batches(sampler, epoch, bs)
+        if subsets is not None:
+            batches = [view[b].tolist() for b in batches]
+        first = start_batch if epoch == start_epoch else 0 if epoch > start_epoch else len(batches)
+        for done in batches[:first]:
+            drawn[epoch].update(done)
+        for b in range(first, len(batches)):
             t_step = time.perf_counter()
+            drawn[epoch].update(batches[b])
             step_examples = [examples[i] for i in batches[b]]
             labels_here = sum(label_count(e) for e in step_examples)
             # Mean over the global batch's label tokens: DDP averages the ranks' gradients,
@@ -299,8 +347,10 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     barrier(d)
     log["wall_time_s"] += time.perf_counter() - t_loop
     pace.close()
-    metrics = summarize(log, cfg, d, distribution, examples, steps_per_epoch, epochs, step,
+    metrics = summarize(log, cfg, d, distribution, len(views[0]), epoch_steps, epochs, step,
                         resumed_from, stopped_early)
+    metrics.update(drawn_metrics(gather_object(d, [sorted(s) for s in drawn]), examples))
+    metrics["selection_epochs"] = None if subsets is None else len(subsets)
     metrics["precision"] = precision
     metrics["hardware"] = hardware.describe()
     return metrics
@@ -315,29 +365,48 @@ def record_step(log: dict, rows: list[list[float]], seconds: float) -> None:
     log["step_times"].append(seconds)
 
 
-def summarize(acc: dict, cfg: dict, d: Dist, distribution: str, examples: list[dict],
-              steps_per_epoch: int, epochs: int, steps: int, resumed_from: int | None,
+def drawn_metrics(per_rank: list[list[list[int]]], examples: list[dict]) -> dict:
+    """``distinct_examples`` and ``epoch_ids_sha1`` from every rank's example indices drawn
+    per training epoch (epochs after the last one that drew anything are left out)."""
+    epochs = [set().union(*(r[e] for r in per_rank)) for e in range(len(per_rank[0]))]
+    while epochs and not epochs[-1]:
+        epochs.pop()
+    return {"distinct_examples": len(set().union(*epochs)),
+            "epoch_ids_sha1": [ids_sha1(examples[i].get("id") for i in s) for s in epochs]}
+
+
+def ids_sha1(ids) -> str:
+    """The ``epoch_ids_sha1`` entry of an epoch that drew ``ids`` (any order, repeats ok)."""
+    return hashlib.sha1("\n".join(sorted(set(map(str, ids)))).encode()).hexdigest()
+
+
+def summarize(acc: dict, cfg: dict, d: Dist, distribution: str, n_examples: int,
+              epoch_steps: list[int], epochs: int, steps: int, resumed_from: int | None,
               stopped_early: bool) -> dict:
-    """Turn the per-step accumulators into train_metrics.json's fields."""
+    """Turn the per-step accumulators into train_metrics.json's fields. ``n_examples``:
+    examples per epoch (an RS2 selection's first subset); ``epoch_steps``: each training
+    epoch's steps (all equal, unless the length policy rejected examples from some RS2
+    subsets and not others); ``steps_per_epoch`` reports the first."""
     bs = rank_batch_size(cfg, d.world_size)
     losses = acc["losses"]
     every = max(1, int(cfg["log_every"]))
     curve_steps = list(range(every, steps + 1, every)) or ([steps] if steps else [])
     curve = [float(np.mean(losses[max(0, s - every):s])) for s in curve_steps]
-    epoch_losses = [float(np.mean(losses[e * steps_per_epoch:(e + 1) * steps_per_epoch]))
-                    for e in range(math.ceil(steps / steps_per_epoch))]
+    starts = np.concatenate([[0], np.cumsum(epoch_steps)]).tolist()
+    epoch_losses = [float(np.mean(losses[a:b])) if b > a else None
+                    for a, b in zip(starts[:-1], starts[1:]) if a < steps]
     per_rank = acc["per_rank_tokens_per_step"]
     tok = np.asarray(per_rank, dtype=np.float64) if per_rank else np.zeros((0, d.world_size))
     imbalance = (tok.max(1) / np.maximum(tok.mean(1), 1)).tolist() if len(tok) else []
     return {
         "wall_time_s": round(acc["wall_time_s"], 4),
         "steps": steps,
-        "steps_per_epoch": steps_per_epoch,
+        "steps_per_epoch": epoch_steps[0],
         "epochs": epochs,
         "tokens": int(tok.sum()),
         "loss_tokens": int(np.sum(acc["per_rank_loss_tokens_per_step"])),
         "padded_tokens": int(np.sum(acc["padded_tokens_per_step"])),
-        "examples": len(examples),
+        "examples": n_examples,
         "world_size": d.world_size,
         "batch_size": bs,
         "global_batch_size": bs * d.world_size,
@@ -383,12 +452,12 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
         threads = set_threads(cfg["num_threads"], d, job_threads)
         seed_everything(seed)
         tokenizer = load_tokenizer(model_dir)
-        examples, clusters, rejected = load_examples(tokenizer, pool, selection, cfg)
+        examples, clusters, rejected, subsets = load_selection(tokenizer, pool, selection, cfg)
         model = load_model(model_dir, cfg)
         seed_everything(seed * 1000 + d.rank)  # per-rank dropout streams
         ckpt_dir = Path(str(out_dir).rstrip("/") + ".ckpt") if int(cfg["checkpoint_every"]) > 0 else None
         metrics = train_loop(model, tokenizer, examples, clusters, cfg, d, distribution, seed,
-                             ckpt_dir, run_name=f"train {out_dir}")
+                             ckpt_dir, run_name=f"train {out_dir}", subsets=subsets)
         metrics.update({
             "total_time_s": round(time.perf_counter() - t_total, 4),
             "rejected_examples": rejected,
@@ -418,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clusterft.train", description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="base model dir (HF)")
     ap.add_argument("--pool", required=True, help="pool.jsonl")
-    ap.add_argument("--selection", required=True, help="selection.parquet (id, cluster, score)")
+    ap.add_argument("--selection", required=True,
+                    help="selection.parquet (id, cluster, score; optional epoch: RS2 subsets)")
     ap.add_argument("--out", required=True, help="output model dir")
     ap.add_argument("--metrics", required=True, help="output train_metrics.json")
     ap.add_argument("--distribution", choices=DISTRIBUTIONS, default=RANDOM_SPLIT)
