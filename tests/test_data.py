@@ -146,6 +146,18 @@ def test_defaults_and_merge():
         merge_cfg("wiki", {})
 
 
+def test_val_per_task_key():
+    for name in ("skills", "pycode", "icd10"):
+        assert DEFAULTS[name]["val_per_task"] == 16
+        assert merge_cfg(name, {"val_per_task": 0})["val_per_task"] == 0
+    for bad in (-1, 1.5, True, "4"):
+        with pytest.raises(InputError) as ei:
+            merge_cfg("skills", {"val_per_task": bad}, "mine")
+        assert ei.value.field == "datasets.mine.val_per_task"
+    # accepted (and unused) for a user's own pool, like items_per_task
+    assert "val_per_task" not in merge_cfg("jsonl", {"path": "x", "val_per_task": 8})
+
+
 # ------------------------------------------------------------------ user data (HF path)
 
 def alpaca_file(tmp_path, rows: list[dict]) -> str:
@@ -205,6 +217,7 @@ def test_prepare_custom_sources(tmp_path):
     lab = pd.read_parquet(tmp_path / "hf" / "labels.parquet")
     assert list(lab["label"]) == ["math", "art"]
     assert not list((tmp_path / "bench").glob("*.jsonl"))  # no benchmark items of its own
+    assert s["val"] == {} and s["val_dropped"] == {}
 
     src = write_lines(tmp_path / "own.jsonl", [rec(i, label=f"L{i % 2}") for i in range(4)])
     s = run_prepare_data("own", {"source": "jsonl", "path": src, "label_field": "label",

@@ -211,3 +211,40 @@ def test_determinism_by_seed(tmp_path, ds, cfg):
 def test_prompts_render_like_training(prepared):
     r = prepared["skills"]["pool"][0]
     assert render_prompt(r["messages"]).endswith("### Response:\n")
+
+
+@pytest.mark.parametrize("ds, cfg", [("skills", {"n": 300, "items_per_task": 30}),
+                                     ("icd10", {"n": 300, "items_per_task": 30,
+                                                "min_examples": 100}),
+                                     ("pycode", {"n": 300, "items_per_task": 30,
+                                                 "min_examples": 100})])
+def test_val_items_leave_test_items_and_pool_unchanged(tmp_path, ds, cfg):
+    """The validation items come from a stream of their own and held-out inputs only: the
+    pool, its labels and every test item file are the same bytes with val_per_task 0 (no
+    validation items) and with validation items."""
+    from clusterft.tasks import tasks_for_dataset, val_file
+
+    runs = {}
+    for name, val in (("none", 0), ("some", 16), ("more", 24)):
+        d = tmp_path / name
+        runs[name] = run_prepare_data(ds, {**cfg, "val_per_task": val}, d / "pool.jsonl",
+                                      d / "labels.parquet", d / "bench", seed=0)
+    files = {name: _bytes(tmp_path / name) for name in runs}
+    tasks = tasks_for_dataset(ds)
+    assert sorted(files["none"]) == sorted(["pool.jsonl", "labels.parquet",
+                                            *(f"{t}.jsonl" for t in tasks)])
+    assert not runs["none"]["val"]
+    for name in ("some", "more"):
+        assert sorted(files[name]) == sorted([*files["none"],
+                                              *(val_file("", t).name for t in tasks)])
+        assert {k: files[name][k] for k in files["none"]} == files["none"]
+        assert runs[name]["tasks"] == runs["none"]["tasks"]
+        assert runs[name]["n"] == runs["none"]["n"]
+        assert set(runs[name]["val"]) == set(tasks) == set(runs[name]["val_dropped"])
+    # and no validation prompt is a test prompt
+    import json
+
+    for t in tasks:
+        test = {json.loads(x)["prompt"] for x in files["none"][f"{t}.jsonl"].splitlines()}
+        val = [json.loads(x)["prompt"] for x in files["some"][val_file("", t).name].splitlines()]
+        assert val and not test & set(val)

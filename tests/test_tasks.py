@@ -210,3 +210,64 @@ def test_overlap_index_ignores_templates():
     bench = [(render_prompt([{"role": "user", "content": tpl.format("K77.1")}]), "XI")]
     assert OverlapIndex(bench).flag(pool) == [None] * 40
     assert OverlapIndex(bench).flag(pool + bench)[-1].startswith("exact")
+
+
+# ------------------------------------------------------------------ validation items
+
+def test_val_items_format_and_disjoint_from_test_items(prepared_root):
+    """Every task has validation items (<task>.val.jsonl) in the test items' format, with ids
+    of their own, and none overlaps a test item of ANY task under decontaminate's check
+    (exact, 13-gram, near-duplicate), run as decontaminate runs it: with the pool's
+    template statistics (the validation items checked as if they were pool examples)."""
+    from clusterft.data import merge_cfg
+    from clusterft.decontaminate import load_items, overlaps
+    from clusterft.targets import item_record
+    from clusterft.tasks import is_val_file, val_file
+
+    root, summaries = prepared_root
+    bench = root / "bench"
+    test_items = load_items([bench])
+    assert sorted(test_items) == sorted(TASKS)  # the .val.jsonl files are not tasks
+    assert all(is_val_file(val_file(bench, t)) and not is_val_file(bench / f"{t}.jsonl")
+               for t in TASKS)
+    all_pairs = {_norm("".join(item_pair(it))) for its in test_items.values() for it in its}
+    test_prompts = {it["prompt"] for its in test_items.values() for it in its}
+    for ds, summary in summaries.items():
+        pool = load_pool(root / ds / "pool.jsonl")
+        recs, counts = [], {}
+        for task in tasks_for_dataset(ds):
+            val = read_jsonl(val_file(bench, task))
+            counts[task] = len(val)
+            test_ids = {it["id"] for it in test_items[task]}
+            for j, it in enumerate(val, start=1):
+                check_item(it, TASKS[task], task, j)
+                assert it["id"].startswith(f"{task}-val-") and it["id"] not in test_ids
+                assert _norm("".join(item_pair(it))) not in all_pairs
+                assert it["prompt"] not in test_prompts, (task, it["id"])
+                recs.append(item_record(it, task))
+            assert len({it["id"] for it in val}) == len(val)
+        assert summary["val"] == counts
+        # a few may fall to the overlap check, or (pycode) to the held-out side running short
+        assert all(n >= (8 if ds == "pycode" else 12) for n in counts.values()), counts
+        flags = overlaps(pool + recs, test_items, merge_cfg(ds, PREPARED_SIZES[ds]))[len(pool):]
+        assert flags == [None] * len(recs), [(r["id"], f) for r, f in zip(recs, flags) if f]
+
+
+def test_val_overlap_check_drops_planted_copies(prepared):
+    """drop_overlapping is not vacuous: copies and near-copies of test items planted among
+    the validation items are dropped and counted; clean ones are kept in order."""
+    from clusterft.pools import OVERLAP_DEFAULTS, drop_overlapping
+
+    items = {"skills_words": prepared["items"]["skills_words"][:30],
+             "icd10_chapter_mc": prepared["items"]["icd10_chapter_mc"][:30]}
+    exact = dict(items["skills_words"][0], id="skills_words-val-0000")
+    near = dict(items["icd10_chapter_mc"][1], id="icd10_chapter_mc-val-0000")
+    near["prompt"] = near["prompt"].replace("\n\n### Response:", " please\n\n### Response:")
+    clean = [dict(it, id=f"skills_words-val-{k:04d}")
+             for k, it in enumerate(prepared["items"]["skills_words"][100:103], start=1)]
+    val = {"skills_words": [exact, *clean], "icd10_chapter_mc": [near]}
+    pool = prepared["pools"]["skills"] + prepared["pools"]["icd10"]
+    kept, dropped = drop_overlapping(val, items, OVERLAP_DEFAULTS, context=pool)
+    assert kept == {"skills_words": clean, "icd10_chapter_mc": []}
+    assert dropped["skills_words"] == {"exact": 1}
+    assert sum(dropped["icd10_chapter_mc"].values()) == 1

@@ -1,5 +1,15 @@
 """The prepare_data stage: build or read a dataset's pool, draw its benchmark items first.
 
+Beside each task's test items (`<items_dir>/<task>.jsonl`) the built-in sources write
+`val_per_task` validation items (`<items_dir>/<task>.val.jsonl`, the same item format) for
+the target-aware baselines LESS and RDS+ (`clusterft.targets`): drawn by the same task
+generators from a random stream of their own and from held-out inputs only, so the test
+items and the pool are byte for byte what they are without them; every validation item
+that the decontamination check (exact, 13-gram, near-duplicate; `clusterft.pools.
+drop_overlapping`) finds too close to a test item is dropped and counted in the summary
+(`val`, `val_dropped`). Nothing that lists `<task>.jsonl` files as tasks may take a
+`.val.jsonl` file for one (`clusterft.tasks.is_val_file`).
+
 Pools come from the built-in builders (`clusterft.pools`: skills, pycode, icd10), from a
 local JSONL file in the pool schema (`clusterft.pool`; ``source: jsonl``), or from a Hugging
 Face dataset with a column mapping (``source: hf``; offline unless downloads are allowed, so
@@ -10,17 +20,18 @@ local files).
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from .tasks import TASKS, check_item, tasks_for_dataset
+from .tasks import TASKS, check_item, tasks_for_dataset, val_file
 from .errors import InputError
 from . import provenance
 from .io import set_offline_env, write_json, write_jsonl, write_parquet
 from .pool import check_unique, load_pool, validate_example, write_pool
-from .pools import OVERLAP_DEFAULTS, POOL_NAMES, get_pool_module
+from .pools import OVERLAP_DEFAULTS, POOL_NAMES, drop_overlapping, get_pool_module, val_count
 from .sections import check_keys
 
 _CUSTOM: dict[str, dict] = {
@@ -61,12 +72,15 @@ def _defaults() -> dict[str, dict]:
     return out
 
 
+log = logging.getLogger(__name__)
+
 # Per source: its config keys and defaults (each key is commented in the pool modules /
 # clusterft.pools.OVERLAP_DEFAULTS / _CUSTOM above).
 DEFAULTS: dict[str, dict] = _defaults()
 # Keys the workflow config may carry for any dataset; ignored where the source has no use
-# for them (e.g. items_per_task for a user's own pool, which has no benchmark tasks).
-PASSTHROUGH_KEYS = ("domain", "source", "items_per_task")
+# for them (e.g. items_per_task / val_per_task for a user's own pool, which has no benchmark
+# tasks). val_per_task (validation items per task) is documented in clusterft.pools.skills.
+PASSTHROUGH_KEYS = ("domain", "source", "items_per_task", "val_per_task")
 # Keys whose value is a mapping of the user's own keys.
 FREE_MAPPINGS = ("columns", "data_files")
 
@@ -79,6 +93,8 @@ def merge_cfg(source: str, cfg: Mapping[str, Any] | None, dataset: str | None = 
     cfg = dict(cfg or {})
     allowed = {**DEFAULTS[source], **{k: None for k in PASSTHROUGH_KEYS}}
     check_keys(allowed, cfg, f"datasets.{dataset or source}", free=FREE_MAPPINGS)
+    if "val_per_task" in cfg:
+        val_count(cfg, f"datasets.{dataset or source}")
     out = copy.deepcopy(DEFAULTS[source])
     out.update({k: v for k, v in cfg.items() if k in out})
     return out
@@ -165,8 +181,11 @@ def run_prepare_data(dataset: str, cfg: Mapping[str, Any] | None, out_pool: str 
 
     `dataset` is the config name; `cfg["source"]` (default: the name) picks the builder.
     Writes `out_pool` (JSONL), `out_labels` (parquet: id, label) and
-    `<out_items_dir>/<task>.jsonl` for every task of the source; returns a summary (also
-    written to `out_summary` if given).
+    `<out_items_dir>/<task>.jsonl` for every task of the source, and with `val_per_task` >
+    0 (built-in sources) its validation items `<out_items_dir>/<task>.val.jsonl` (see the
+    module docstring); returns a summary (also written to `out_summary` if given; `val`:
+    validation items written per task, `val_dropped`: per task, those dropped as too close
+    to a test item, by reason).
     """
     import pandas as pd
 
@@ -174,33 +193,49 @@ def run_prepare_data(dataset: str, cfg: Mapping[str, Any] | None, out_pool: str 
     source = cfg.get("source", dataset)
     merged = merge_cfg(source, cfg, dataset)
     items: dict[str, list[dict]] = {}
+    val: dict[str, list[dict]] = {}
+    val_dropped: dict[str, dict[str, int]] = {}
     dropped: dict[str, int] = {}
     extra: dict = {}
     if source in POOL_NAMES:
         built = get_pool_module(source).build(merged, seed)
         records, labels, items = built.records, built.labels, built.items
         dropped, extra = built.dropped, built.extra
+        ov = {k: merged.get(k, v) for k, v in OVERLAP_DEFAULTS.items()}
+        val, val_dropped = drop_overlapping(built.val_items, items, ov, context=records)
     else:
         records, labels = _custom_pool(source, merged, dataset)
     expected = tasks_for_dataset(source)
     if sorted(items) != sorted(expected):
         raise RuntimeError(f"{source}: built tasks {sorted(items)} != registry {expected}")
-    for task, its in items.items():
-        where = str(Path(out_items_dir) / f"{task}.jsonl")
-        for j, it in enumerate(its, start=1):
-            check_item(it, TASKS[task], where, j)
+    if val and sorted(val) != sorted(expected):
+        raise RuntimeError(f"{source}: validation tasks {sorted(val)} != registry {expected}")
+    for sets, file_of in ((items, lambda t: Path(out_items_dir) / f"{t}.jsonl"),
+                          (val, lambda t: val_file(out_items_dir, t))):
+        for task, its in sets.items():
+            for j, it in enumerate(its, start=1):
+                check_item(it, TASKS[task], str(file_of(task)), j)
+    for task, its in val.items():
+        asked = val_count(merged)
+        if len(its) < asked:
+            log.warning("%s: %d of %d validation items (%d dropped as too close to a test "
+                        "item)", task, len(its), asked, sum(val_dropped.get(task, {}).values()))
     write_pool(out_pool, records)
     write_parquet(out_labels, pd.DataFrame({"id": [r["id"] for r in records],
                                             "label": [str(x) for x in labels]}))
     Path(out_items_dir).mkdir(parents=True, exist_ok=True)  # empty for a user's own pool
     for task, its in items.items():
         write_jsonl(Path(out_items_dir) / f"{task}.jsonl", its)
+    for task, its in val.items():
+        write_jsonl(val_file(out_items_dir, task), its)
     summary = {
         "dataset": dataset, "source": source, "seed": seed, "n": len(records),
         "label_counts": dict(sorted(Counter(str(x) for x in labels).items(),
                                     key=lambda kv: (-kv[1], kv[0]))),
         "dropped": dict(sorted(dropped.items())),
         "tasks": {t: len(its) for t, its in items.items()},
+        "val": {t: len(its) for t, its in val.items()},
+        "val_dropped": val_dropped,
         "extra": extra,
     }
     if out_summary is not None:

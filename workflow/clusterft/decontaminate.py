@@ -27,6 +27,7 @@ from .errors import InputError
 from . import provenance
 from .io import read_jsonl, write_text
 from .pools import OVERLAP_DEFAULTS, OverlapIndex, item_pair, record_pair
+from .tasks import is_val_file
 
 DEFAULTS: dict[str, Any] = {
     # drop (remove overlapping pool examples) | flag (keep and count them).
@@ -41,11 +42,14 @@ COLUMNS = ("dataset", "task", *REASONS, "overlapping", "action", "dropped", "rem
 
 
 def load_items(item_dirs: Sequence[str | os.PathLike]) -> dict[str, list[dict]]:
-    """task name -> items, from `<dir>/<task>.jsonl` of every benchmark folder."""
+    """task name -> items, from `<dir>/<task>.jsonl` of every benchmark folder (the test
+    items; validation items, `<task>.val.jsonl`, are not a task: prepare_data already
+    dropped those too close to a test item, and pool examples may resemble them)."""
     items: dict[str, list[dict]] = {}
     for d in item_dirs:
         for f in sorted(Path(d).glob("*.jsonl")) if Path(d).is_dir() else ():
-            items[f.stem] = read_jsonl(f)
+            if not is_val_file(f):
+                items[f.stem] = read_jsonl(f)
     return items
 
 

@@ -2,7 +2,10 @@
 
 Items are built by the pool modules (`clusterft.pools.<dataset>.build`) BEFORE their pool,
 from held-out inputs, and written by `clusterft.data.run_prepare_data` to
-`<item_dir>/<task>.jsonl`. Formats (see docs/design.md):
+`<item_dir>/<task>.jsonl`; a task's validation items (for LESS / RDS+, `val_per_task`) go
+beside them to `<item_dir>/<task>.val.jsonl` in the same format (`val_file`): whatever lists
+an item folder's `*.jsonl` files as tasks skips those (`is_val_file`). Formats (see
+docs/design.md):
 - generate_until: {"id", "prompt", "answer", "group"}; exact match after strip;
 - multiple_choice: {"id", "prompt", "choices", "label", "group"}; acc. Choices are the exact
   continuation of the prompt (which ends with "### Response:\\n"), written the way pool
@@ -15,7 +18,9 @@ guesser that knows the answer format but not the content (see each description).
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from .errors import InputError
 
@@ -78,6 +83,20 @@ _TASKS = (
              "model scores ~0)."),
 )
 TASKS: dict[str, TaskSpec] = {t.name: t for t in _TASKS}
+
+
+#: a task's validation items, beside its test items `<task>.jsonl`
+VAL_SUFFIX = ".val.jsonl"
+
+
+def val_file(item_dir: str | os.PathLike, task: str) -> Path:
+    """`<item_dir>/<task>.val.jsonl`: the task's validation items."""
+    return Path(item_dir) / f"{task}{VAL_SUFFIX}"
+
+
+def is_val_file(path: str | os.PathLike) -> bool:
+    """True for a validation-item file (`<task>.val.jsonl`): not a task's test items."""
+    return Path(path).name.endswith(VAL_SUFFIX)
 
 
 def tasks_for_dataset(dataset: str) -> list[str]:

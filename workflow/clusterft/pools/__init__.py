@@ -5,6 +5,13 @@ Each pool module (`skills`, `pycode`, `icd10`) exposes `DEFAULTS` and
 avoid the held-out inputs by construction, then drops every candidate that the generic
 check below finds too close to a benchmark item, and finally picks the pool.
 
+Validation items (`val_per_task` per task, `Built.val_items`; for the target-aware
+baselines LESS and RDS+, `clusterft.targets`): drawn by the same task generators from a
+SEPARATE seeded random stream and from the held-out side only (inputs the test items did
+not use, never pool inputs), so the test items and the pool are the same with or without
+them. `drop_overlapping` then drops every validation item that the check below finds too
+close to a test item (`clusterft.data` writes the rest to `<task>.val.jsonl`).
+
 Overlap check (`OverlapIndex`), on (prompt, response) pairs of normalised text (lowercase
 words of letters and digits):
 - exact: the same normalised prompt + response;
@@ -255,19 +262,82 @@ def select_pool(cands: Sequence[tuple[dict, str]], items: dict[str, list[dict]],
     raise RuntimeError("the pool did not settle under the overlap check")
 
 
+# ------------------------------------------------------------------- validation items
+
+#: a stream of its own for the validation items: numpy.random.default_rng([seed, <the
+#: module's stream>, VAL_STREAM]) (the test items and the pool use [seed, <stream>])
+VAL_STREAM = 7
+
+
+def val_count(cfg: Mapping, name: str = "") -> int:
+    """The dataset's `val_per_task` (0 disables validation items); InputError unless an
+    integer >= 0."""
+    n = cfg.get("val_per_task", 0)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InputError(f"must be an integer >= 0, got {n!r}",
+                         field=f"{name + '.' if name else ''}val_per_task")
+    return n
+
+
+def val_id(task: str, j: int) -> str:
+    """Id of validation item j of a task: '<task>-val-0000' (never a test item's id)."""
+    return f"{task}-val-{j:04d}"
+
+
+def drop_overlapping(val_items: Mapping[str, Sequence[dict]], items: Mapping[str, Sequence[dict]],
+                     cfg: Mapping, context: Sequence[dict] = ()
+                     ) -> tuple[dict[str, list[dict]], dict[str, dict[str, int]]]:
+    """Drop every validation item too close to a test item, under decontaminate's check.
+
+    The check is the one the pools get (`OverlapIndex`: exact prompt + answer, a shared
+    13-gram with content words, a near-duplicate), each validation item taken as the
+    (prompt, gold answer or gold choice) pair it is trained / scored on. Its template and
+    class-label statistics come from the examples it is checked with, so the validation
+    items are checked together with `context` (the dataset's pool records), exactly as if
+    they were pool examples: 16 items alone would make every shared template word
+    "content". Repeated until nothing is flagged (the statistics move as items go), as
+    `clusterft.decontaminate` does. Returns (task -> kept items in order, task -> reason
+    -> count dropped).
+    """
+    bench = [item_pair(it) for its in items.values() for it in its]
+    alive = [(task, it) for task, its in val_items.items() for it in its]
+    dropped: dict[str, Counter] = {task: Counter() for task in val_items}
+    if bench and alive:
+        index = OverlapIndex.from_cfg(bench, dict(cfg))
+        ctx = [record_pair(r) for r in context]
+        for _ in range(20):
+            flags = index.flag(ctx + [item_pair(it) for _, it in alive])[len(ctx):]
+            hits = [(t, f) for (t, _), f in zip(alive, flags) if f is not None]
+            if not hits:
+                break
+            for task, f in hits:
+                dropped[task][f.split(":")[0]] += 1
+            alive = [a for a, f in zip(alive, flags) if f is None]
+        else:
+            raise RuntimeError("the validation items did not settle under the overlap check")
+    kept: dict[str, list[dict]] = {task: [] for task in val_items}
+    for task, it in alive:
+        kept[task].append(it)
+    return kept, {t: dict(sorted(c.items())) for t, c in dropped.items()}
+
+
 @dataclass
 class Built:
-    """What a pool module hands back: the pool, its labels and the benchmark items."""
+    """What a pool module hands back: the pool, its labels, the benchmark (test) items and
+    the validation items (task -> items, empty when val_per_task is 0; not yet checked
+    against the test items: `drop_overlapping`)."""
 
     records: list[dict]
     labels: list[str]
     items: dict[str, list[dict]]
     dropped: dict[str, int] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    val_items: dict[str, list[dict]] = field(default_factory=dict)
 
 
 def built_pool(name: str, chosen: Sequence[tuple[dict, str]], items: dict[str, list[dict]],
-               dropped: Mapping[str, int], extra: dict, min_examples: int | None = None) -> Built:
+               dropped: Mapping[str, int], extra: dict, min_examples: int | None = None,
+               val_items: dict[str, list[dict]] | None = None) -> Built:
     """Number the chosen (record, label) pairs and package them; with `min_examples`, too few
     left after the caps and overlap checks is an error naming `<name>.min_examples`."""
     if min_examples is not None and len(chosen) < int(min_examples):
@@ -276,7 +346,7 @@ def built_pool(name: str, chosen: Sequence[tuple[dict, str]], items: dict[str, l
                          "min_examples or loosen the caps", field=f"{name}.min_examples")
     return Built(records=assign_ids(name, [r for r, _ in chosen]),
                  labels=[lab for _, lab in chosen], items=items, dropped=dict(dropped),
-                 extra=extra)
+                 extra=extra, val_items=dict(val_items or {}))
 
 
 def assign_ids(prefix: str, records: Iterable[dict]) -> list[dict]:

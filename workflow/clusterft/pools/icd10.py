@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..prompt import render_prompt
-from . import Built, built_pool, make_record, select_pool
+from . import VAL_STREAM, Built, built_pool, make_record, select_pool, val_count, val_id
 
 DEFAULTS: dict = {
     # Pool size (examples); ICD-10 has ~12k codes x 6 instruction types to draw from.
@@ -40,6 +40,9 @@ DEFAULTS: dict = {
     "min_examples": 2000,
     # Benchmark items per task.
     "items_per_task": 200,
+    # Validation items per task for LESS / RDS+ (<task>.val.jsonl; see skills): from the
+    # held-out codes no test item uses. 0 disables them.
+    "val_per_task": 16,
     # Share of each instruction type in the pool (normalised to sum to 1). Most of the pool
     # teaches what generalises to unseen categories (description -> chapter / block, code ->
     # chapter); code <-> description pairs can only be memorised, so they are a minority.
@@ -182,21 +185,14 @@ def make_items(tree: Tree, n_items: int, rng: np.random.Generator,
     is unique in ICD-10. Chapter XXII (placeholder codes for special purposes) is never
     tested.
     """
-    desc_count = Counter(c.desc for c in tree.codes)
-    cats: dict[str, list[str]] = {}
-    for c in tree.codes:
-        if "." not in c.code and c.chapter != "XXII":
-            cats.setdefault(c.chapter, []).append(c.code)
-    held: set[str] = set()
-    for ch in sorted(cats):
-        lst = cats[ch]
-        k = min(len(lst), max(3, int(np.ceil(held_fraction * len(lst)))))
-        held.update(lst[int(i)] for i in rng.choice(len(lst), size=k, replace=False))
-    by_chapter: dict[str, list[Code]] = {}
-    for c in tree.codes:
-        if category_of(c.code) in held and desc_count[c.desc] == 1 and informative(c):
-            by_chapter.setdefault(c.chapter, []).append(c)
-    order = {ch: [lst[int(i)] for i in rng.permutation(len(lst))] for ch, lst in by_chapter.items()}
+    items, held, _ = _make_items(tree, n_items, rng, held_fraction)
+    return items, held
+
+
+def _draw(tree: Tree, order: dict[str, list[Code]], n_items: int, rng: np.random.Generator,
+          ids=lambda task, j: f"{task}-{j:04d}") -> dict[str, list[dict]]:
+    """n_items items per task from the codes left in `order` (chapter -> codes, popped from
+    the end), cycling over the chapters."""
     chapters = [ch for ch, _ in tree.chapters if ch in order]
     items: dict[str, list[dict]] = {}
     step = 0
@@ -217,16 +213,58 @@ def make_items(tree: Tree, n_items: int, rng: np.random.Generator,
             else:
                 out.append(_mc_item(kind, c, tree, rng))
         perm = rng.permutation(len(out))
-        items[task] = [{"id": f"{task}-{j:04d}", **out[int(p)]} for j, p in enumerate(perm)]
-    return items, held
+        items[task] = [{"id": ids(task, j), **out[int(p)]} for j, p in enumerate(perm)]
+    return items
+
+
+def _make_items(tree: Tree, n_items: int, rng: np.random.Generator,
+                held_fraction: float) -> tuple[dict, set[str], dict[str, list[Code]]]:
+    """make_items, plus the held-out codes no item took (chapter -> codes)."""
+    desc_count = Counter(c.desc for c in tree.codes)
+    cats: dict[str, list[str]] = {}
+    for c in tree.codes:
+        if "." not in c.code and c.chapter != "XXII":
+            cats.setdefault(c.chapter, []).append(c.code)
+    held: set[str] = set()
+    for ch in sorted(cats):
+        lst = cats[ch]
+        k = min(len(lst), max(3, int(np.ceil(held_fraction * len(lst)))))
+        held.update(lst[int(i)] for i in rng.choice(len(lst), size=k, replace=False))
+    by_chapter: dict[str, list[Code]] = {}
+    for c in tree.codes:
+        if category_of(c.code) in held and desc_count[c.desc] == 1 and informative(c):
+            by_chapter.setdefault(c.chapter, []).append(c)
+    order = {ch: [lst[int(i)] for i in rng.permutation(len(lst))] for ch, lst in by_chapter.items()}
+    items = _draw(tree, order, n_items, rng)
+    return items, held, order
+
+
+def make_val_items(tree: Tree, cfg: dict, seed: int,
+                   left: dict[str, list[Code]]) -> dict[str, list[dict]]:
+    """`val_per_task` validation items per task, drawn like the test items (cycling over the
+    chapters) from the held-out codes that no test item took (`left`, in their drawn
+    order), with the stream [seed, 303, VAL_STREAM] (the test items' and the pool's stream
+    is untouched). Codes are distinct across all items; siblings of a test item's code may
+    come up, and the overlap check drops those too close to it."""
+    n = val_count({"val_per_task": DEFAULTS["val_per_task"], **cfg}, "icd10")
+    if not n:
+        return {}
+    rng = np.random.default_rng([seed, 303, VAL_STREAM])
+    order = {ch: list(codes) for ch, codes in left.items()}
+    try:
+        return _draw(tree, order, n, rng, ids=val_id)
+    except InputError as e:
+        raise InputError("too few held-out codes left for the validation items; lower "
+                         "val_per_task or raise held_out_fraction",
+                         field="icd10.val_per_task") from e
 
 
 def build(cfg: dict, seed: int = 0) -> Built:
     """Draw held-out benchmark codes first, then the pool from the other codes."""
     rng = np.random.default_rng([seed, 303])
     tree = load_tree(cfg.get("xml_path"))
-    items, held = make_items(tree, int(cfg["items_per_task"]), rng,
-                             float(cfg["held_out_fraction"]))
+    items, held, left = _make_items(tree, int(cfg["items_per_task"]), rng,
+                                    float(cfg["held_out_fraction"]))
     n = int(cfg["n"])
     weights = {k: float(v) for k, v in cfg["type_weights"].items()}
     unknown = sorted(set(weights) - set(TEMPLATES))
@@ -247,4 +285,5 @@ def build(cfg: dict, seed: int = 0) -> Built:
     return built_pool("icd10", chosen, items, dropped,
                       extra={"codes": len(tree.codes), "held_out_categories": len(held),
                              "pool_codes": len(pool_codes)},
-                      min_examples=cfg["min_examples"])
+                      min_examples=cfg["min_examples"],
+                      val_items=make_val_items(tree, cfg, seed, left))

@@ -40,7 +40,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..prompt import render_prompt
-from . import Built, built_pool, make_record, select_pool, stdlib_snapshot, words
+from . import (VAL_STREAM, Built, built_pool, make_record, select_pool, stdlib_snapshot,
+               val_count, val_id, words)
 
 DEFAULTS: dict = {
     # Pool size cap (examples); the stdlib has fewer short functions than that at most caps.
@@ -49,6 +50,11 @@ DEFAULTS: dict = {
     "min_examples": 2000,
     # Benchmark items per task.
     "items_per_task": 200,
+    # Validation items per task for LESS / RDS+ (<task>.val.jsonl; see skills): from the
+    # held-out functions no test item uses, which are few (about 40 at 200 items per task:
+    # pycode_args_mc gets ~11 and pycode_body_mc fills its groups of 4 with longer bodies
+    # once the short ones run out; the summary's val counts say how many). 0 disables them.
+    "val_per_task": 16,
     # Longest function body (characters, after dedent).
     "max_body_chars": 350,
     # Longest docstring first paragraph (characters).
@@ -292,8 +298,12 @@ def _args_variants(f: dict, name_pool: list[str], rng: np.random.Generator) -> l
     return None
 
 
-def _args_mc(held: list[dict], n_items: int, rng: np.random.Generator) -> list[dict]:
-    name_pool = sorted({p for f in held for p in f["params"] if len(p) > 1})
+def _args_mc(held: list[dict], n_items: int, rng: np.random.Generator,
+             names_from: list[dict] | None = None) -> list[dict]:
+    """Items from `held` in order; the renamed parameters come from the parameter names of
+    `names_from` (default: `held`)."""
+    name_pool = sorted({p for f in (held if names_from is None else names_from)
+                        for p in f["params"] if len(p) > 1})
     items = []
     for f in held:
         variants = _args_variants(f, name_pool, rng)
@@ -306,6 +316,38 @@ def _args_mc(held: list[dict], n_items: int, rng: np.random.Generator) -> list[d
         if len(items) == n_items:
             break
     return items
+
+
+def _number(items: dict[str, list[dict]], ids=lambda task, j: f"{task}-{j:04d}"
+            ) -> dict[str, list[dict]]:
+    """Give each task's items their ids (first key), in order."""
+    return {task: [{"id": ids(task, j), **{k: v for k, v in it.items() if k != "id"}}
+                   for j, it in enumerate(its)] for task, its in items.items()}
+
+
+def make_val_items(cfg: dict, seed: int, held: list[dict],
+                   items: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict]:
+    """`val_per_task` validation items per task from the held-out functions that no test
+    item uses (any test item of a function has its prompt and its true body: a validation
+    item of the same function would be the test item), drawn by the test items' generators
+    with the stream [seed, 202, VAL_STREAM]. Never a pool function (the pool is drawn from
+    the other functions, without knowing these). pycode_body_mc takes its groups of 4 from
+    the shortest such functions, longer than body_mc_max_chars once the short ones run out;
+    pycode_args_mc takes those whose body uses a parameter. Either may get fewer items than
+    asked. Returns (items, counts for the summary's extra)."""
+    n = val_count({"val_per_task": DEFAULTS["val_per_task"], **cfg}, "pycode")
+    if not n:
+        return {}, {}
+    rng = np.random.default_rng([seed, 202, VAL_STREAM])
+    taken = {it["prompt"] for its in items.values() for it in its}
+    free = [f for f in held
+            if render_prompt([{"role": "user", "content": f["user"]}]) not in taken]
+    body = _body_mc(free, n, int(cfg["max_body_chars"]), rng)
+    args = _args_mc(free, n, rng, names_from=held)
+    val = _number({"pycode_body_mc": body, "pycode_args_mc": args}, val_id)
+    cap = int(cfg["body_mc_max_chars"])
+    over = sum(len(it["choices"][it["label"]]) > cap for it in val["pycode_body_mc"])
+    return val, {"val_free_functions": len(free), "val_body_mc_over_cap": over}
 
 
 def build(cfg: dict, seed: int = 0, root: Path | None = None) -> Built:
@@ -343,6 +385,7 @@ def build(cfg: dict, seed: int = 0, root: Path | None = None) -> Built:
     same_body = len(rest) - len(cands)
     chosen, dropped = select_pool(cands, items, cfg, int(cfg["n"]))
     dropped["same_body_as_held_out"] = same_body
+    val, val_extra = make_val_items(cfg, seed, held, items)
     return built_pool("pycode", chosen, items, dropped,
-                      extra={"functions": len(funcs), "held_out": size, **source},
-                      min_examples=cfg["min_examples"])
+                      extra={"functions": len(funcs), "held_out": size, **source, **val_extra},
+                      min_examples=cfg["min_examples"], val_items=val)

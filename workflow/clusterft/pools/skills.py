@@ -31,13 +31,21 @@ from collections import Counter
 import numpy as np
 
 from ..prompt import render_prompt
-from . import Built, built_pool, make_record, select_pool, zipf_counts
+from . import (VAL_STREAM, Built, built_pool, make_record, select_pool, val_count, val_id,
+               zipf_counts)
 
 DEFAULTS: dict = {
     # Pool size (examples).
     "n": 3000,
     # Benchmark items per task.
     "items_per_task": 200,
+    # Validation items per task (<task>.val.jsonl beside the test items), for the
+    # target-aware baselines LESS and RDS+: drawn by the same generators after the test
+    # items, from a random stream of their own and held-out inputs only (the test items and
+    # the pool are the same with any value), and dropped when the decontamination check
+    # finds them too close to a test item (counted in the summary's val_dropped); the
+    # held-out side may run short (pycode). 0 disables them.
+    "val_per_task": 16,
     # Zipf exponent of the skill frequencies (rank r ~ 1/r**s); 1.4 puts the rarest of the
     # eleven skills at 1.6% of the pool and the most frequent (repeat) at 46%.
     "zipf_s": 1.4,
@@ -50,6 +58,11 @@ DEFAULTS: dict = {
     # to 1-4 words, within reach of a tiny model; the other tasks use max_words.
     "bench_max_words": 3,
 }
+
+# What every pool response starts with (see the module docstring): a generation item's
+# stored answer is stripped, so the response a model is trained (and scored) on is this
+# prefix + the answer (clusterft.targets).
+RESPONSE_PREFIX = " "
 
 # Five programming-flavoured topics of 40 words. Every word is frequent in the corpus
 # (stdlib source and Python docs), so a byte-level BPE trained on it keeps the word (with
@@ -250,34 +263,54 @@ def _item(task: str, i: int, ex: Example, rng: np.random.Generator, mc: bool) ->
     return item
 
 
+def _task_items(task: str, cfg: dict, rng: np.random.Generator, n: int, used: set,
+                ids=lambda task, j: f"{task}-{j:04d}") -> list[dict]:
+    """n items of one task, balanced over its skills, each from a word set not in `used`
+    (which it extends)."""
+    topics = sorted(TOPICS)
+    skills = TASK_SKILLS[task]
+    tcfg = dict(cfg)
+    if task == "skills_words":
+        tcfg["max_words"] = min(int(cfg["max_words"]), int(cfg["bench_max_words"]))
+    out = []
+    for i in range(n):
+        skill = skills[i % len(skills)]
+        while True:
+            ex = generate(skill, topics[int(rng.integers(0, len(topics)))], rng, tcfg,
+                          for_mc=task == "skills_mc")
+            key = frozenset(ex["words"])
+            if key not in used:
+                used.add(key)
+                break
+        out.append(ex)
+    order = rng.permutation(len(out))
+    return [{**_item(task, j, out[int(o)], rng, mc=task == "skills_mc"), "id": ids(task, j)}
+            for j, o in enumerate(order)]
+
+
 def make_items(cfg: dict, rng: np.random.Generator) -> tuple[dict[str, list[dict]], set]:
     """Benchmark items of the three skills tasks, balanced over each task's skills.
 
     Returns the items and the set of word SETS used (held out from the pool). Inputs are
     unique across all items of all tasks (by word set).
     """
-    topics = sorted(TOPICS)
     used: set[frozenset] = set()
-    items: dict[str, list[dict]] = {}
-    for task, skills in TASK_SKILLS.items():
-        tcfg = dict(cfg)
-        if task == "skills_words":
-            tcfg["max_words"] = min(int(cfg["max_words"]), int(cfg["bench_max_words"]))
-        out = []
-        for i in range(int(cfg["items_per_task"])):
-            skill = skills[i % len(skills)]
-            while True:
-                ex = generate(skill, topics[int(rng.integers(0, len(topics)))], rng, tcfg,
-                              for_mc=task == "skills_mc")
-                key = frozenset(ex["words"])
-                if key not in used:
-                    used.add(key)
-                    break
-            out.append(ex)
-        order = rng.permutation(len(out))
-        items[task] = [_item(task, j, out[int(o)], rng, mc=task == "skills_mc")
-                       for j, o in enumerate(order)]
+    items = {task: _task_items(task, cfg, rng, int(cfg["items_per_task"]), used)
+             for task in TASK_SKILLS}
     return items, used
+
+
+def make_val_items(cfg: dict, seed: int, held_out: set) -> dict[str, list[dict]]:
+    """`val_per_task` validation items per task, drawn like the test items from the stream
+    [seed, 101, VAL_STREAM] (the test items' and the pool's stream is untouched), each from
+    a word set that no test item (`held_out`) and no other validation item uses. Their
+    word sets are not held out from the pool (it is drawn without knowing them)."""
+    n = val_count({"val_per_task": DEFAULTS["val_per_task"], **cfg}, "skills")
+    if not n:
+        return {}
+    rng = np.random.default_rng([seed, 101, VAL_STREAM])
+    used = set(held_out)
+    return {task: _task_items(task, cfg, rng, n, used, ids=val_id) for task in TASK_SKILLS}
 
 
 def build(cfg: dict, seed: int = 0) -> Built:
@@ -295,7 +328,8 @@ def build(cfg: dict, seed: int = 0) -> Built:
             if frozenset(ex["words"]) in held_out:
                 dropped["held_out_input"] += 1
                 continue
-            cands.append((make_record("", ex["user"], " " + ex["answer"], "skills"), skill))
+            cands.append((make_record("", ex["user"], RESPONSE_PREFIX + ex["answer"], "skills"),
+                          skill))
             made += 1
     quota = dict(zip(SKILLS, counts))
     chosen, reasons = select_pool(cands, items, cfg, quota)
@@ -307,5 +341,6 @@ def build(cfg: dict, seed: int = 0) -> Built:
     order = rng.permutation(len(chosen))
     chosen = [chosen[int(i)] for i in order]
     return built_pool("skills", chosen, items, dropped,
-                      extra={"skill_counts": dict(zip(SKILLS, counts))})
+                      extra={"skill_counts": dict(zip(SKILLS, counts))},
+                      val_items=make_val_items(cfg, seed, held_out))
 
