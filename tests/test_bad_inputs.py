@@ -202,7 +202,7 @@ CONFIG = [
     ("model_path_missing", "models.tiny.path", "path:",
      r"model path '/nonexistent/cluster-ft/model' does not exist"),
     ("undefined_task", "tasks.only[1]", "mmlu_nope", r"benchmark task 'mmlu_nope' is not defined"),
-    ("unknown_method", "sweep.methods.1", "kmeans", r"'kmeans' is not one of \['full', 'random', 'cluster'\]"),
+    ("unknown_method", "sweep.methods.1", "kmeans", r"'kmeans' is not one of \['full', 'random', 'cluster', 'embed-cluster'"),
     ("unknown_time_method", "sweep.time.methods.1", "kmeans", r"'kmeans' is not one of"),
     ("unknown_distribution", "sweep.accuracy.distribution", "roundrobin",
      r"'roundrobin' is not one of \['random', 'balanced'\]"),

@@ -47,6 +47,55 @@ def test_stages_chain_from_the_command_line(tmp_path: Path, tiny_model_dir: Path
     assert len(sel) == 24 and set(sel["cluster"]) == {0, 1, 2, 3}
 
 
+def test_baselines_from_the_command_line(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Every feature kind and target-aware method a user can run without the workflow."""
+    (tmp_path / "data.yaml").write_text("items_per_task: 20\nval_per_task: 4\n")
+    assert cli("prepare-data", "--dataset", "skills", "--n", "64", "--config", "data.yaml",
+               "--out-pool", "pool.jsonl", "--out-labels", "labels.parquet",
+               "--out-items", "bench", cwd=tmp_path).returncode == 0
+    tasks = sorted(p.name.removesuffix(".val.jsonl") for p in (tmp_path / "bench").glob("*.val.jsonl"))
+    assert tasks
+    (tmp_path / "score.yaml").write_text("dim: 8\nwarmup_steps: 4\nloss_points: 3\n")
+    out = cli("score", "--model", str(tiny_model_dir), "--pool", "pool.jsonl", "--config",
+              "score.yaml", "--out-features", "g.npy", "--out-scores", "g.parquet",
+              "--out-trajectories", "traj.npy", "--tasks", *tasks, "--items", "bench",
+              "--out-targets", "gt.npy", "--out-target-ids", "gt.parquet", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert np.load(tmp_path / "traj.npy").shape == (64, 3)
+    assert np.load(tmp_path / "gt.npy").shape == (len(pd.read_parquet(tmp_path / "gt.parquet")), 8)
+    out = cli("loss-features", "--trajectories", "traj.npy", "--scores", "g.parquet",
+              "--out-features", "l.npy", "--out-scores", "l.parquet", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    out = cli("features", "--kind", "embedding", "--model", str(tiny_model_dir), "--pool",
+              "pool.jsonl", "--out-features", "e.npy", "--out-scores", "e.parquet", "--tasks",
+              *tasks, "--items", "bench", "--out-targets", "et.npy", "--out-target-ids",
+              "et.parquet", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for f, s in (("l.npy", "l.parquet"), ("e.npy", "e.parquet"), ("g.npy", "g.parquet")):
+        out = cli("cluster", "--features", f, "--scores", s, "--k", "3", "--out-clusters",
+                  f"c-{f}.parquet", "--out-centroids", f"c-{f}.npy", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+    runs = {"s2l": ["--clusters", "c-l.npy.parquet", "--scores", "l.parquet"],
+            "oracle": ["--clusters", "c-l.npy.parquet", "--scores", "l.parquet", "--labels",
+                       "labels.parquet"],
+            "rs2": ["--clusters", "c-l.npy.parquet", "--scores", "l.parquet", "--epochs", "2"],
+            "less": ["--clusters", "c-g.npy.parquet", "--scores", "g.parquet", "--features",
+                     "g.npy", "--targets", "gt.npy", "--target-ids", "gt.parquet"],
+            "rds": ["--clusters", "c-e.npy.parquet", "--scores", "e.parquet", "--features",
+                    "e.npy", "--targets", "et.npy", "--target-ids", "et.parquet"]}
+    for method, args in runs.items():
+        out = cli("select", "--method", method, "--budget", "0.25", *args, "--out-selection",
+                  f"{method}.parquet", "--out-summary", f"{method}.json", cwd=tmp_path)
+        assert out.returncode == 0, (method, out.stderr[-3000:])
+        sel = pd.read_parquet(tmp_path / f"{method}.parquet")
+        assert len(sel) == (32 if method == "rs2" else 16), method
+    # LESS with the embedding run's targets: files of two runs, refused before any work
+    out = cli("select", "--method", "less", "--budget", "0.25", *runs["less"][:6], "--targets",
+              "et.npy", "--target-ids", "et.parquet", "--out-selection", "x.parquet",
+              "--out-summary", "x.json", cwd=tmp_path)
+    assert out.returncode == 2 and "do not belong together" in out.stderr, out.stderr[-2000:]
+
+
 def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path: Path) -> None:
     (tmp_path / "c.parquet").write_bytes(b"")
     out = cli("select", "--clusters", "missing.parquet", "--scores", "s.parquet", "--method",
@@ -62,8 +111,8 @@ def test_bad_input_gives_a_clear_error_and_exit_code(tmp_path: Path) -> None:
 
 def test_help_lists_every_stage(tmp_path: Path) -> None:
     out = cli("--help", cwd=tmp_path)
-    for stage in ("prepare-data", "corpus", "tokenizer", "base-model", "score", "cluster",
-                  "select", "train", "evaluate", "report"):
+    for stage in ("prepare-data", "corpus", "tokenizer", "base-model", "score", "features",
+                  "loss-features", "cluster", "select", "train", "evaluate", "report"):
         assert stage in out.stdout
 
 

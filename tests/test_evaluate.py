@@ -123,8 +123,16 @@ def test_end_to_end_matches_direct_computation(tmp_path, random_model_dir):
     out = tmp_path / "eval" / "results.json"
     cfg = {"batch_size": 1, "max_gen_toks": MAX_GEN, "num_threads": 1}
     res = run_evaluate(random_model_dir, ["mc_task", "gen_task"], bench, cfg, out,
-                       tmp_path / "tasks", seed=0)
+                       tmp_path / "tasks", seed=0, out_items=tmp_path / "eval" / "items.parquet")
     on_disk = json.loads(out.read_text())
+    # per-item results: the items built right (mc 0-6, gen 0-5) score 1, the others 0
+    import pandas as pd
+
+    items = pd.read_parquet(tmp_path / "eval" / "items.parquet").sort_values(["task", "doc_id"])
+    assert list(items.columns) == ["task", "doc_id", "item", "value"]
+    got = dict(zip(items["item"], items["value"]))
+    assert got == {**{f"mc-{i}": float(i < 7) for i in range(10)},
+                   **{f"gen-{i}": float(i < 6) for i in range(10)}}
     assert on_disk["tasks"] == res["tasks"]
     assert set(on_disk["tasks"]) == {"mc_task", "gen_task"}
     mc, gen = on_disk["tasks"]["mc_task"], on_disk["tasks"]["gen_task"]

@@ -25,7 +25,7 @@ def pool(sizes=(50, 20, 8, 2), seed=0):
 
 
 def test_defaults():
-    assert DEFAULTS == {"quota": "uniform", "within": "random"}
+    assert DEFAULTS == {"quota": "uniform", "within": "random", "less_agg": "max"}
 
 
 @pytest.mark.parametrize("n,budget,expected", [(10, 0.25, 3), (10, 0.24, 2), (3000, 0.31, 930),
@@ -150,8 +150,8 @@ def test_errors():
     for bad in (0, -0.1, 1.5, float("nan"), "abc"):
         with pytest.raises(InputError, match=r"budget"):
             select(ids, clusters, scores, "random", bad, None, seed=0)
-    with pytest.raises(InputError, match="full, random, cluster"):
-        select(ids, clusters, scores, "less", 0.5, None, seed=0)
+    with pytest.raises(InputError, match="unknown method .kcenter.; valid: full, random, cluster"):
+        select(ids, clusters, scores, "kcenter", 0.5, None, seed=0)
     with pytest.raises(InputError, match="uniform, proportional, sqrt"):
         select(ids, clusters, scores, "cluster", 0.5, {"quota": "equal"}, seed=0)
     with pytest.raises(InputError, match="unknown key"):
@@ -300,3 +300,37 @@ def test_rs2_writes_a_fresh_subset_per_epoch(tmp_path):
     run_select(c, s, "rs2", 0.31, None, tmp_path / "p.parquet", tmp_path / "p.json", seed=2,
                epochs=3)
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "p.parquet"), df)  # by seed
+
+
+def test_less_and_rds_read_the_validation_features(tmp_path):
+    from clusterft.io import save_npy, write_parquet
+    from clusterft.targets import less_scores, rds_round_robin, top_k
+
+    ids, clusters, scores = pool()
+    rng = np.random.default_rng(4)
+    f = rng.standard_normal((len(ids), 6))
+    f /= np.linalg.norm(f, axis=1, keepdims=True)
+    t = rng.standard_normal((6, 6))
+    t /= np.linalg.norm(t, axis=1, keepdims=True)
+    task = np.array(["a", "a", "b", "b", "c", "c"])
+    c, s = _files(tmp_path, ids, clusters, scores)
+    save_npy(tmp_path / "f.npy", f.astype(np.float32))
+    save_npy(tmp_path / "t.npy", t.astype(np.float32))
+    write_parquet(tmp_path / "t.parquet", pd.DataFrame({"id": [f"v{i}" for i in range(6)],
+                                                        "task": task}))
+    out_p, out_j = tmp_path / "o.parquet", tmp_path / "o.json"
+    kw = dict(features=tmp_path / "f.npy", targets=tmp_path / "t.npy",
+              target_ids=tmp_path / "t.parquet")
+    f32, t32 = f.astype(np.float32), t.astype(np.float32)
+    for method, want in (("less", top_k(less_scores(f32, t32, task), 25)),
+                         ("rds", rds_round_robin(f32, t32, task, 25))):
+        js = run_select(c, s, method, 0.31, None, out_p, out_j, seed=0, **kw)
+        got = np.sort([list(ids).index(i) for i in pd.read_parquet(out_p)["id"]])
+        np.testing.assert_array_equal(got, want)
+        assert js["n_selected"] == 25 and js["quota"] is None
+    with pytest.raises(InputError, match="needs features, targets"):
+        run_select(c, s, "less", 0.31, None, out_p, out_j)
+    save_npy(tmp_path / "t.npy", np.zeros((0, 6), dtype=np.float32))
+    write_parquet(tmp_path / "t.parquet", pd.DataFrame({"id": [], "task": []}))
+    with pytest.raises(InputError, match="val_per_task"):
+        run_select(c, s, "rds", 0.31, None, out_p, out_j, **kw)

@@ -224,3 +224,20 @@ def test_power_line_clears_or_not():
     assert line["mde"] == pytest.approx(0.028016, abs=1e-6) and line["clears"] is True
     assert power_line(0.01, observed=-0.05)["clears"] is True  # either direction
     assert power_line(0.01, observed=0.02)["clears"] is False
+
+
+def test_cluster_agreement_matches_scikit_learn_on_a_constructed_case():
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    from clusterft.stats import cluster_agreement
+
+    truth = np.array(["a"] * 6 + ["b"] * 4 + ["c"] * 2)
+    clusters = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2])
+    got = cluster_agreement(clusters, truth)
+    assert got["ari"] == pytest.approx(adjusted_rand_score(truth, clusters))
+    assert got["nmi"] == pytest.approx(normalized_mutual_info_score(truth, clusters))
+    # cluster 0: 4 a; cluster 1: 2 a + 3 b; cluster 2: 1 b + 2 c -> purity (4 + 3 + 2) / 12
+    assert got["purity"] == pytest.approx(9 / 12)
+    assert got["label_coverage"] == pytest.approx(1.0)  # a, b, c each own a cluster
+    merged = cluster_agreement(np.zeros(12, dtype=int), truth)
+    assert merged["label_coverage"] == pytest.approx(1 / 3) and merged["ari"] == pytest.approx(0)

@@ -71,7 +71,8 @@ def test_outputs_exist_and_are_real(smoke_run: Path) -> None:
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     runs = [(p.parent.parent.name, json.loads(p.read_text()))
             for p in (smoke_run / "results" / "train").rglob("train_metrics.json")]
-    assert {run for run, _ in runs} == {"g1-balanced", "g2-balanced", "g2-random"}
+    # g1-random: the distribution ablation (the method's selection, shuffled batches)
+    assert {run for run, _ in runs} == {"g1-balanced", "g1-random", "g2-balanced", "g2-random"}
     for run, metrics in runs:  # accuracy runs on one rank, time runs on 2 under torchrun
         assert metrics["world_size"] == (1 if run.startswith("g1") else 2) and metrics["steps"] > 0
         assert metrics["backend"] == (None if run.startswith("g1") else "gloo")
@@ -83,9 +84,51 @@ def test_outputs_exist_and_are_real(smoke_run: Path) -> None:
     assert set(zip(cont["dataset"], cont["task"])) == {(d, t) for d in ("skills", "icd10") for t in tasks}
     assert (cont["remaining"] == 0).all() and (cont["action"] == "drop").all()
     # every rule wrote a log and a benchmark file
-    for rule in ("prepare_data", "decontaminate", "score", "cluster", "select", "train", "evaluate"):
+    for rule in ("prepare_data", "decontaminate", "score", "features", "cluster", "select",
+                 "train", "evaluate"):
         assert list((smoke_run / "logs" / rule).rglob("*.log")), rule
         assert list((smoke_run / "benchmarks" / "out" / rule).rglob("*.tsv")), rule
+
+
+def test_every_method_feature_kind_and_verdict_table(smoke_run: Path) -> None:
+    """The smoke config walks every method and feature kind of the embedded default, and
+    the report turns them into the skill-recovery, label, comparison and claims tables."""
+    from clusterft.names import FEATURE_KINDS, METHODS, REFERENCES
+
+    tables = smoke_run / "results" / "tables"
+    acc = pd.read_csv(tables / "accuracy_vs_data.csv")
+    assert set(acc["method"]) == set(METHODS) | {"base"}
+    assert sorted(acc[acc["method"] == "cluster"]["fraction"]) == [0.31, 0.5]  # the curve
+    sr = pd.read_csv(tables / "skill_recovery.csv")
+    assert set(sr["features"]) == set(FEATURE_KINDS) and sr["ari"].between(-1, 1).all()
+    assert {"nmi", "purity", "label_coverage"} <= set(sr.columns)
+    lc = pd.read_csv(tables / "label_counts.csv")
+    assert set(lc["method"]) == set(METHODS) - {"full"}
+    cmp = pd.read_csv(tables / "comparisons.csv")
+    pairs = set(zip(cmp["a"], cmp["b"]))
+    assert {("cluster", "random"), ("oracle", "random"), ("cluster", "full"),
+            ("cluster [balanced]", "cluster [random]")} <= pairs
+    assert not {(a, b) for a, b in pairs if b in REFERENCES}  # the oracle is no contender
+    assert (cmp["ci_low"] <= cmp["diff"]).all() and (cmp["diff"] <= cmp["ci_high"]).all()
+    claims = (tables / "claims.md").read_text()
+    for claim in ("accuracy kept at 31% of the data", "training time cut",
+                  "better than usual selection", "power line (diagnosis)",
+                  "skill recovery (diagnosis)", "rare skills kept (diagnosis)"):
+        assert claim in claims, claim
+    # RS2 wrote one subset per training epoch; LESS and RDS+ read the validation split
+    rs2 = pd.read_parquet(smoke_run / "results/select/skills/tiny/rs2-0.31/s0/selection.parquet")
+    assert "epoch" in rs2 and rs2["epoch"].nunique() == 1  # the smoke trains 1 epoch
+    for m in ("less", "rds"):
+        js = json.loads((smoke_run / f"results/select/skills/tiny/{m}-0.31/s0/selection.json"
+                         ).read_text())
+        assert js["n_selected"] == round(0.31 * js["n_pool"])
+    assert len(pd.read_parquet(smoke_run / "results/score/skills/tiny/s0/targets.parquet")) > 0
+    items = pd.read_parquet(smoke_run / "results/eval/skills/tiny/cluster-0.31/g1-balanced/s0"
+                            "/items.parquet")
+    res = json.loads((smoke_run / EVAL).read_text())
+    for task, t in res["tasks"].items():
+        assert items[items["task"] == task]["value"].mean() == pytest.approx(t["value"])
+    assert (smoke_run / "results" / "plots" / "skill_recovery.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_html_report(smoke_run: Path) -> None:
@@ -105,7 +148,7 @@ def test_changing_k_reruns_cluster_onward_not_score(smoke_run: Path, tmp_path: P
     edited = tmp_path / "config.yaml"
     edited.write_text(yaml.safe_dump(cfg))  # keys re-sorted too: key order must not matter
     plan = planned_rules(smoke_run, configfile=edited)
-    assert plan.get("cluster") == 2  # one per dataset x model x seed
+    assert plan.get("cluster") == 8  # one per dataset x model x seed x feature kind
     assert {"select", "train", "evaluate", "report"} <= set(plan)
     assert not {"score", "prepare_data", "decontaminate", "contamination_table", "base_model", "tokenizer",
                 "corpus", "evaluate_base"} & set(plan)

@@ -73,8 +73,25 @@ def _score(a: argparse.Namespace) -> Any:
     cfg = {**_section(a.config), **({"dim": a.dim} if a.dim else {})}
     policy = {k: v for k, v in (("max_length", a.train_max_length), ("truncation", a.truncation))
               if v is not None}
+    targets = (a.items, a.tasks) if a.tasks else None
     return run_score(a.model, a.pool, cfg, a.out_features, a.out_scores, seed=a.seed,
-                     length_policy=policy or None)
+                     length_policy=policy or None, out_trajectories=a.out_trajectories,
+                     targets=targets, out_targets=a.out_targets, out_target_ids=a.out_target_ids)
+
+
+def _features(a: argparse.Namespace) -> Any:
+    from .features import run_features
+
+    targets = (a.items, a.tasks) if a.tasks else None
+    return run_features(a.kind, a.pool, a.out_features, a.out_scores, _section(a.config),
+                        seed=a.seed, model_dir=a.model, targets=targets,
+                        out_targets=a.out_targets, out_target_ids=a.out_target_ids)
+
+
+def _loss_features(a: argparse.Namespace) -> Any:
+    from .trajectories import run_loss_features
+
+    return run_loss_features(a.trajectories, a.scores, a.out_features, a.out_scores)
 
 
 def _cluster(a: argparse.Namespace) -> Any:
@@ -88,7 +105,9 @@ def _select(a: argparse.Namespace) -> Any:
     from .select import run_select
 
     return run_select(a.clusters, a.scores, a.method, a.budget, _section(a.config),
-                      a.out_selection, a.out_summary, seed=a.seed)
+                      a.out_selection, a.out_summary, seed=a.seed, labels=a.labels,
+                      epochs=a.epochs, features=a.features, targets=a.targets,
+                      target_ids=a.target_ids)
 
 
 def _train(a: argparse.Namespace) -> Any:
@@ -102,7 +121,8 @@ def _evaluate(a: argparse.Namespace) -> Any:
 
     out = Path(a.out)
     return run_evaluate(a.model, a.tasks, a.items, _section(a.config), out,
-                        a.tasks_dir or str(out.with_name(out.stem + "_tasks")), seed=a.seed)
+                        a.tasks_dir or str(out.with_name(out.stem + "_tasks")), seed=a.seed,
+                        out_items=a.out_items)
 
 
 def _report(a: argparse.Namespace) -> Any:
@@ -110,6 +130,15 @@ def _report(a: argparse.Namespace) -> Any:
     from .report import run_report
 
     return run_report(a.runs, a.tables, a.plots, task_specs=TASKS, cfg=_section(a.config))
+
+
+def targets_args(s: argparse.ArgumentParser, what: str) -> None:
+    """The validation examples of the benchmark tasks, as targets of a selection."""
+    s.add_argument("--tasks", nargs="+", help=f"tasks whose <task>.val.jsonl are targets ({what})")
+    s.add_argument("--items", nargs="+", default=["results/tasks"],
+                   help="folders holding the <task>.val.jsonl files")
+    s.add_argument("--out-targets", help="the targets' features (.npy)")
+    s.add_argument("--out-target-ids", help="their ids and tasks (.parquet)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,6 +190,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train's policy for over-long examples; 'error'/'reject' fail here early")
     s.add_argument("--out-features", required=True)
     s.add_argument("--out-scores", required=True)
+    s.add_argument("--out-trajectories", help="each example's warm-up loss trajectory (S2L)")
+    targets_args(s, "LESS")
+
+    s = stage("features", _features, "embedding or tfidf features in score's format")
+    s.add_argument("--kind", required=True, choices=("embedding", "tfidf"))
+    s.add_argument("--pool", required=True)
+    s.add_argument("--model", help="base model folder (embedding)")
+    s.add_argument("--out-features", required=True)
+    s.add_argument("--out-scores", required=True)
+    targets_args(s, "RDS+; embedding only")
+
+    s = stage("loss-features", _loss_features, "loss-trajectory features (S2L) of a score run")
+    s.add_argument("--trajectories", required=True)
+    s.add_argument("--scores", required=True, help="the same score run's scores.parquet (ids)")
+    s.add_argument("--out-features", required=True)
+    s.add_argument("--out-scores", required=True)
 
     s = stage("cluster", _cluster, "cosine k-means of the features")
     s.add_argument("--features", required=True)
@@ -169,11 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out-clusters", required=True)
     s.add_argument("--out-centroids", required=True)
 
-    s = stage("select", _select, "budgeted selection: full | random | cluster")
+    s = stage("select", _select, "budgeted selection: " + " | ".join(METHODS))
     s.add_argument("--clusters", required=True)
     s.add_argument("--scores", required=True)
     s.add_argument("--method", required=True, choices=METHODS)
     s.add_argument("--budget", type=float, default=1.0)
+    s.add_argument("--labels", help="labels.parquet (oracle)")
+    s.add_argument("--epochs", type=int, default=1, help="per-epoch subsets (rs2)")
+    s.add_argument("--features", help="the pool's features.npy (less, rds)")
+    s.add_argument("--targets", help="the validation examples' targets.npy (less, rds)")
+    s.add_argument("--target-ids", help="their targets.parquet (less, rds)")
     s.add_argument("--out-selection", required=True)
     s.add_argument("--out-summary", required=True)
 
@@ -188,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folders holding <task>.jsonl item files")
     s.add_argument("--out", required=True)
     s.add_argument("--tasks-dir", help="where the generated task YAMLs go")
+    s.add_argument("--out-items", help="per-item results (parquet) for paired comparisons")
 
     s = stage("report", _report, "tables, plots and findings from a run table (CSV/JSON)")
     s.add_argument("--runs", required=True)

@@ -23,6 +23,7 @@ import numpy as np
 from . import provenance
 from .sections import merge_section
 from .errors import InputError
+from .stats import cluster_agreement  # noqa: F401  (re-exported: the cluster stage's check)
 
 log = logging.getLogger(__name__)
 
@@ -164,27 +165,6 @@ def cosine_kmeans(features: np.ndarray, k: int, seed: int = 0, n_init: int = 10,
             best = (labels, centroids, obj)
     labels, centroids = _canonical(best[0], best[1])
     return labels.astype(np.int64), centroids.astype(np.float32)
-
-
-def cluster_agreement(labels, true_labels) -> dict:
-    """Agreement of clusters with hidden true labels: ARI, NMI and purity (all in [0, 1]*).
-
-    Purity: the fraction of examples whose cluster's most common true label is their own
-    (*ARI can be slightly negative for worse-than-chance clusterings).
-    """
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-
-    a, b = np.asarray(labels), np.asarray(true_labels)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"labels and true_labels must be 1-D of one length, got {a.shape}, {b.shape}")
-    _, bi = np.unique(b, return_inverse=True)
-    _, ai = np.unique(a, return_inverse=True)
-    table = np.zeros((ai.max() + 1, bi.max() + 1), dtype=np.int64)
-    np.add.at(table, (ai, bi), 1)
-    return {"ari": float(adjusted_rand_score(b, a)),
-            "nmi": float(normalized_mutual_info_score(b, a)),
-            "purity": float(table.max(1).sum() / len(a)),
-            "n_clusters": int(table.shape[0]), "n_labels": int(table.shape[1])}
 
 
 def run_cluster(features: str | os.PathLike, scores: str | os.PathLike, cfg: dict | None,

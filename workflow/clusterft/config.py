@@ -132,10 +132,12 @@ def validate_schema(cfg: dict, source: str = "config") -> None:
 def check_sections(cfg: dict) -> None:
     """Keys and types of each stage section, dataset and model override, against the
     DEFAULTS of the module that reads them (InputError naming the field)."""
-    from . import cluster, corpus, data, evaluate, models, pretrain, report, score, select, train
+    from . import (cluster, corpus, data, evaluate, features, models, pretrain, report, score,
+                   select, train)
     from .sections import check_keys
 
-    stages = {"corpus": corpus, "score": score, "cluster": cluster, "select": select,
+    stages = {"corpus": corpus, "score": score, "features": features, "cluster": cluster,
+              "select": select,
               "train": train, "evaluate": evaluate, "report": report}
     for name, module in stages.items():
         check_keys(module.DEFAULTS, cfg.get(name), name)
@@ -230,18 +232,36 @@ def config_warnings(cfg: dict, source: str = "config") -> list[str]:
 def check_config(cfg: dict, source: str = "config") -> None:
     """Checks a schema cannot express; each error names the config field."""
     sweep = cfg["sweep"]
+    curve = sweep.get("curve") or {}
+    baselines = sweep.get("baselines") or {}
+    ablation = sweep.get("distribution_ablation") or {}
+    swept = list(sweep["methods"]) + list(baselines.get("methods", []))
+    for group in ("curve", "baselines", "distribution_ablation"):
+        for i, m in enumerate((sweep.get(group) or {}).get("models", []) or []):
+            if m not in cfg["models"]:
+                raise config_error(f"model '{m}' is not defined under models; defined: "
+                                   f"{', '.join(cfg['models'])}", source,
+                                   f"sweep.{group}.models[{i}]")
     for key, budgets in (("budgets", sweep["budgets"]),
+                         ("curve.budgets", curve.get("budgets", [])),
                          ("time.budgets", sweep.get("time", {}).get("budgets", []))):
         for i, b in enumerate(budgets):
             if not 0 < float(b) <= 1:
                 raise config_error(f"budget {b} is outside (0, 1]", source, f"sweep.{key}[{i}]")
     for key, methods in (("methods", sweep["methods"]),
+                         ("curve.methods", curve.get("methods", [])),
+                         ("baselines.methods", baselines.get("methods", [])),
+                         ("distribution_ablation.methods", ablation.get("methods", [])),
                          ("time.methods", sweep.get("time", {}).get("methods", []))):
         for i, m in enumerate(methods):
             if m not in METHODS:
                 raise config_error(f"unknown method '{m}'; valid: {', '.join(METHODS)}",
                                    source, f"sweep.{key}[{i}]")
-    dists = [("accuracy.distribution", sweep.get("accuracy", {}).get("distribution"))]
+            if key in ("curve.methods", "distribution_ablation.methods") and m not in swept:
+                raise config_error(f"method '{m}' is in neither sweep.methods nor "
+                                   "sweep.baselines.methods", source, f"sweep.{key}[{i}]")
+    dists = [("accuracy.distribution", sweep.get("accuracy", {}).get("distribution")),
+             ("distribution_ablation.distribution", ablation.get("distribution"))]
     dists += [(f"time.distributions[{i}]", x)
               for i, x in enumerate(sweep.get("time", {}).get("distributions", []))]
     gpus = [("accuracy.gpus", sweep.get("accuracy", {}).get("gpus"))]
@@ -268,10 +288,11 @@ def check_config(cfg: dict, source: str = "config") -> None:
                            source, "train.truncation")
     t_epochs = sweep.get("time", {}).get("epochs")
     acc = sweep.get("accuracy", {})
-    if t_epochs is not None and acc.get("gpus") in sweep["time"].get("gpus", []) \
-            and acc.get("distribution") in sweep["time"].get("distributions", []):
+    acc_dists = [acc.get("distribution")] + ([ablation["distribution"]] if ablation else [])
+    shared = [d for d in acc_dists if d in sweep["time"].get("distributions", [])]
+    if t_epochs is not None and acc.get("gpus") in sweep["time"].get("gpus", []) and shared:
         raise config_error(f"sweep.time.epochs = {t_epochs}, but the time sweep includes the "
-                           f"accuracy runs' {acc['gpus']} GPU {acc['distribution']} runs, which "
+                           f"accuracy runs' {acc['gpus']} GPU {shared[0]} runs, which "
                            "train the accuracy recipe; drop sweep.time.epochs or leave that GPU "
                            "count or distribution out of the time sweep", source, "sweep.time.epochs")
     for i, m in enumerate(sweep.get("time", {}).get("models", []) or []):

@@ -23,6 +23,7 @@ README_TEMPLATE = ROOT / "config" / "README.template.md"
 SECTIONS: dict[str, tuple[str, str | None]] = {
     "corpus": ("clusterft.corpus", None),
     "score": ("clusterft.score", None),
+    "features": ("clusterft.features", None),
     "cluster": ("clusterft.cluster", None),
     "select": ("clusterft.select", None),
     "train": ("clusterft.train", None),

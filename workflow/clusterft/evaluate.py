@@ -261,7 +261,7 @@ def summarize(raw: Mapping[str, Any], specs: list[dict[str, Any]],
         metric, filt = key.split(",", 1)
         stderr = res.get(f"{metric}_stderr,{filt}")
         n = raw.get("n-samples", {}).get(name, {}).get("effective", 0)
-        tasks[name] = {"metric": metric, "value": float(res[key]),
+        tasks[name] = {"metric": metric, "filter": filt, "value": float(res[key]),
                        "stderr": float(stderr) if isinstance(stderr, (int, float)) else float("nan"),
                        "n": int(n)}
     for s in specs:
@@ -274,9 +274,33 @@ def summarize(raw: Mapping[str, Any], specs: list[dict[str, Any]],
         stderr = res.get(f"{metric}_stderr,{filt}")
         stderr = float(stderr) if isinstance(stderr, (int, float)) else float("nan")
         n = raw.get("n-samples", {}).get(name, {}).get("effective")
-        tasks[name] = {"metric": metric, "value": float(value), "stderr": stderr, "n": int(n)}
+        tasks[name] = {"metric": metric, "filter": filt, "value": float(value), "stderr": stderr,
+                       "n": int(n)}
     values = [t["value"] for t in tasks.values()]
     return {"tasks": tasks, "average": float(sum(values) / len(values))}
+
+
+def item_results(raw: Mapping[str, Any], summary: Mapping[str, Any]):
+    """Per-item scores from lm-eval's logged samples (one row per task and item: ``task``,
+    ``doc_id``, ``item`` = the item's own id, ``value`` = the task's summary metric under its
+    filter), for paired comparisons of two runs on the same items. Each task's mean equals
+    its summary value (checked)."""
+    import pandas as pd
+
+    rows = []
+    for name, t in summary["tasks"].items():
+        samples = [x for x in raw.get("samples", {}).get(name, [])
+                   if x.get("filter", t["filter"]) == t["filter"]]
+        vals = []
+        for x in samples:
+            doc = x.get("doc") or {}
+            vals.append(float(x[t["metric"]]))
+            rows.append({"task": name, "doc_id": int(x["doc_id"]),
+                         "item": str(doc.get("id", x["doc_id"])), "value": vals[-1]})
+        if not vals or abs(sum(vals) / len(vals) - t["value"]) > 1e-9:
+            raise RuntimeError(f"task {name!r}: lm-eval logged {len(vals)} samples whose mean "
+                               f"does not give the reported {t['metric']} {t['value']}")
+    return pd.DataFrame(rows, columns=["task", "doc_id", "item", "value"])
 
 
 _DROP = object()
@@ -418,11 +442,13 @@ def _register_paced_model() -> str:
 def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
                  item_dirs: str | os.PathLike | list[str | os.PathLike],
                  cfg: Mapping[str, Any] | None, out_json: str | os.PathLike,
-                 tasks_dir: str | os.PathLike, seed: int = 0) -> dict[str, Any]:
+                 tasks_dir: str | os.PathLike, seed: int = 0,
+                 out_items: str | os.PathLike | None = None) -> dict[str, Any]:
     """Evaluate `model_dir` on `tasks` (one lm-eval call); write results.json and the raw results.
 
     Returns the summary written to `out_json`. The raw lm-eval results (without per-sample
-    logs and non-JSON values) go to `<out_json stem>.lm_eval.json` beside it.
+    logs and non-JSON values) go to `<out_json stem>.lm_eval.json` beside it; the per-item
+    scores (``item_results``) to ``out_items`` (parquet) when given.
     """
     cfg = merge_cfg(cfg)
     set_offline_env(cfg["allow_downloads"])
@@ -471,7 +497,7 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
         raw = lm_eval.simple_evaluate(
             model=_register_paced_model(), model_args=model_args, tasks=[s["name"] for s in specs] + builtin, task_manager=tm,
             batch_size=int(cfg["batch_size"]), device=resolve_device(cfg["device"], "evaluate.device"),
-            limit=cfg["limit"], log_samples=False, bootstrap_iters=int(cfg["bootstrap_iters"]),
+            limit=cfg["limit"], log_samples=out_items is not None, bootstrap_iters=int(cfg["bootstrap_iters"]),
             random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
             fewshot_random_seed=seed, confirm_run_unsafe_code=bool(cfg["confirm_run_unsafe_code"]),
         )
@@ -483,8 +509,15 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
                        "items_over_context": over}
     out_json = Path(out_json)
     raw_path = out_json.with_name(out_json.stem + ".lm_eval.json")
+    outputs = {"results": out_json, "raw": raw_path}
+    if out_items is not None:
+        from .io import write_parquet
+
+        write_parquet(out_items, item_results(raw, summary))
+        outputs["items"] = out_items
+    raw.pop("samples", None)
     write_text(raw_path, json.dumps(_jsonable(raw), indent=2) + "\n")
     write_json(out_json, summary)
-    provenance.write({"results": out_json, "raw": raw_path}, "evaluate", checked,
+    provenance.write(outputs, "evaluate", checked,
                      inherit=("model",), config=dict(cfg), seed=seed)
     return summary

@@ -34,9 +34,14 @@ Both kinds give float32 ``[N, dim]`` rows, L2-normalised, in pool order. A row t
 (numerically) zero has no direction: an example with no tokens under ``TOKEN_PATTERN``, or
 whose terms lie outside every kept SVD component, raises InputError naming its id.
 
+Target features (``embedding`` only; for RDS+, ``clusterft.targets.rds_round_robin``): with
+``targets`` (the benchmark tasks' validation examples, ``clusterft.targets.val_records``),
+the same embedding of each target example, computed after the pool's in a pass of its own
+(the pool's rows are the same bytes with or without targets).
+
 ``run_features`` is the file I/O edge: pool JSONL (+ HF model dir for ``embedding``) in,
 ``features.npy`` and ``scores.parquet`` (id, score, grad_norm) out, as ``run_score``
-writes them: ``score`` is the mean cosine of the row with every other row (score's
+writes them (and with ``targets``, the target features and their ids, as ``run_score``): ``score`` is the mean cosine of the row with every other row (score's
 ``pool_scores``), ``grad_norm`` is NaN (no gradient). The provenance sidecars carry the
 pool's (and model's) lineage and one ``score_run`` digest of the pair, so ``cluster``
 accepts the two as coming from one run.
@@ -273,35 +278,59 @@ def tfidf_features(examples: Sequence[dict], cfg: dict | None, seed: int = 0) ->
 
 def run_features(kind: str, pool: str | os.PathLike, out_features: str | os.PathLike,
                  out_scores: str | os.PathLike, cfg: dict | None = None, seed: int = 0,
-                 model_dir: str | os.PathLike | None = None, threads: int | None = None) -> dict:
+                 model_dir: str | os.PathLike | None = None, threads: int | None = None,
+                 targets=None, out_targets: str | os.PathLike | None = None,
+                 out_target_ids: str | os.PathLike | None = None) -> dict:
     """Write ``kind`` features as score does: features.npy [N, dim] float32 (pool order) and
     scores.parquet (id, score = mean cosine with the other rows, grad_norm = NaN), each
     with a provenance sidecar (stage ``features-<kind>``; lineage of the pool, of the model
     for ``embedding``, and ``score_run`` for the pair, so ``cluster`` takes them together).
 
     ``model_dir`` is needed for ``embedding`` only (``tfidf`` ignores it). ``threads``
-    (e.g. Snakemake's) applies when cfg's num_threads is 0. Returns {kind, n, dim, seconds}.
+    (e.g. Snakemake's) applies when cfg's num_threads is 0. Returns {kind, n, dim, seconds}
+    (and n_targets).
+
+    ``targets`` (``embedding`` only; for RDS+): as ``score.run_score``'s, ``(items_dir,
+    tasks)`` / ``{"items_dir", "tasks"}`` (the items folder is checked as an input) or
+    ``(records, task_of_record)`` from ``clusterft.targets.val_records``; writes
+    ``out_targets`` (float32 [M, dim] .npy, role "targets") and ``out_target_ids``
+    (parquet: id, task; role "target_ids").
     """
     import pandas as pd
 
     from .io import save_npy, set_offline_env, write_parquet
+    from .targets import resolve_targets, target_table
 
     set_offline_env()
     _check_kind(kind)
     cfg = merge_cfg(cfg)
+    if (out_targets is None) != (out_target_ids is None) or (
+            targets is not None and out_targets is None):
+        raise InputError("targets needs out_targets and out_target_ids (given without "
+                         "targets, they are written empty: no validation examples)",
+                         field="targets")
+    if (targets is not None or out_targets is not None) and kind != "embedding":
+        raise InputError(f"target features are made for kind 'embedding' only, not '{kind}'",
+                         field="targets")
     if threads and not cfg["num_threads"]:
         cfg = {**cfg, "num_threads": int(threads)}
     t0 = time.perf_counter()
     records = load_pool(pool)
+    t_records, t_tasks, t_dirs = resolve_targets(targets) if targets is not None else (None, [], [])
+    target_rows = None
     if kind == "embedding":
         from .hf import load_causal_lm, load_tokenizer, resolve_model
 
         if model_dir is None:
             raise InputError("embedding features need a model (model_dir)", field="features model")
         path = resolve_model(str(model_dir), field="features model")
-        checked = provenance.check_inputs({"model": path, "pool": pool}, f"features-{kind}")
+        checked = provenance.check_inputs({"model": path, "pool": pool, "items": t_dirs or None},
+                                          f"features-{kind}")
         tok = load_tokenizer(path)
-        features = embedding_features(load_causal_lm(path), tok, records, cfg)
+        model = load_causal_lm(path)
+        features = embedding_features(model, tok, records, cfg)
+        if t_records is not None:  # a pass of its own, after the pool's
+            target_rows = embedding_features(model, tok, t_records, cfg)
     else:
         checked = provenance.check_inputs({"pool": pool}, f"features-{kind}")
         features = tfidf_features(records, cfg, seed)
@@ -309,11 +338,18 @@ def run_features(kind: str, pool: str | os.PathLike, out_features: str | os.Path
     write_parquet(out_scores, pd.DataFrame({"id": [r["id"] for r in records],
                                             "score": pool_scores(features).astype(np.float64),
                                             "grad_norm": np.full(len(records), np.nan)}))
-    provenance.write({"features": out_features, "scores": out_scores}, f"features-{kind}",
-                     checked, inherit=("pool", "model"), run_key="score_run",
-                     config={"kind": kind, **cfg}, seed=seed)
+    outputs = {"features": out_features, "scores": out_scores}
+    if out_targets is not None:  # none: [0, dim] and an empty table (select says why)
+        save_npy(out_targets, target_rows if target_rows is not None
+                 else np.zeros((0, features.shape[1]), np.float32))
+        write_parquet(out_target_ids, target_table(t_records or [], t_tasks))
+        outputs.update(targets=out_targets, target_ids=out_target_ids)
+    provenance.write(outputs, f"features-{kind}", checked, inherit=("pool", "model", "items"),
+                     run_key="score_run", config={"kind": kind, **cfg}, seed=seed)
     info = {"kind": kind, "n": len(records), "dim": int(features.shape[1]),
             "seconds": round(time.perf_counter() - t0, 2)}
+    if target_rows is not None:
+        info["n_targets"] = len(target_rows)
     log.info("%s features of %d examples (dim %d) in %.1fs", kind, info["n"], info["dim"],
              info["seconds"])
     return info

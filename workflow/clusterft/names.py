@@ -15,8 +15,16 @@ from __future__ import annotations
 #   recovery would buy, never a contender: it reads labels no method can see).
 # - rs2: RS2 (Okanovic et al. 2023): a fresh uniform random subset of the budget's size every
 #   epoch (same steps as the other runs at that budget, more distinct examples seen).
-METHODS = ("full", "random", "cluster", "embed-cluster", "tfidf-cluster", "s2l", "oracle", "rs2")
-FULL, RANDOM, CLUSTER, EMBED_CLUSTER, TFIDF_CLUSTER, S2L, ORACLE, RS2 = METHODS
+# - less: LESS (Xia et al. 2024): top-k by the gradient features' similarity to each
+#   benchmark task's validation examples (max over tasks);
+# - rds: RDS+ (Ivison et al. 2025): the same target-aware rule on embedding features,
+#   round-robin over the tasks.
+METHODS = ("full", "random", "cluster", "embed-cluster", "tfidf-cluster", "s2l", "oracle", "rs2",
+           "less", "rds")
+(FULL, RANDOM, CLUSTER, EMBED_CLUSTER, TFIDF_CLUSTER, S2L, ORACLE, RS2, LESS,
+ RDS) = METHODS
+# Methods that read the benchmark tasks' validation examples (target-aware selection).
+TARGET_AWARE = (LESS, RDS)
 # Reference selections that may read the true labels: reported, never ranked as methods.
 REFERENCES = (ORACLE,)
 # The base model evaluated without fine-tuning (a run of its own in paths and tables).
@@ -26,9 +34,10 @@ BASE = "base"
 # last hidden state, TF-IDF of the text, and warm-up loss trajectories (S2L's proxy signal).
 FEATURE_KINDS = ("gradient", "embedding", "tfidf", "loss")
 GRADIENT, EMBEDDING, TFIDF, LOSS = FEATURE_KINDS
-# The features whose clusters each method selects from (full, random and oracle read the
-# gradient run's ids only; rs2 too).
-FEATURES_OF = {CLUSTER: GRADIENT, EMBED_CLUSTER: EMBEDDING, TFIDF_CLUSTER: TFIDF, S2L: LOSS}
+# The features each method selects with (full, random, oracle and rs2 read the gradient
+# run's ids only; less and rds read the features themselves and their targets').
+FEATURES_OF = {CLUSTER: GRADIENT, EMBED_CLUSTER: EMBEDDING, TFIDF_CLUSTER: TFIDF, S2L: LOSS,
+               LESS: GRADIENT, RDS: EMBEDDING}
 
 
 def features_of(method: str) -> str:

@@ -22,9 +22,11 @@ import numpy as np
 import pandas as pd
 
 from .errors import InputError
-from .names import BALANCED, BASE, CLUSTER, FULL, RANDOM, RANDOM_SPLIT
+from .names import (BALANCED, BASE, CLUSTER, FULL, METHODS, RANDOM, RANDOM_SPLIT,
+                    REFERENCES)
 from .sections import merge_section
 from .io import atomic_path, read_json, write_text
+from .stats import mean_ci
 
 DEFAULTS: dict[str, Any] = {
     # Budget fraction at which the paper's claims are checked (31% of the data).
@@ -39,6 +41,8 @@ DEFAULTS: dict[str, Any] = {
     "min_se": 0.02,
     # Resolution of the PNG plots.
     "dpi": 110,
+    # Bootstrap resamples of each paired comparison (clusterft.stats.paired_comparison).
+    "n_boot": 2000,
 }
 
 REQUIRED = ("dataset", "model", "method", "seed")
@@ -117,6 +121,10 @@ def load_runs(runs: Iterable[Mapping[str, Any]]) -> tuple[pd.DataFrame, list[str
         row["budget"] = row["fraction"] if _blank(rec.get("budget")) else float(rec["budget"])
         row["gpus"] = None if _blank(rec.get("gpus")) else int(rec["gpus"])
         row["distribution"] = None if _blank(rec.get("distribution")) else str(rec["distribution"])
+        # accuracy (default), ablation (the accuracy runs' other distribution) or time
+        row["role"] = "accuracy" if _blank(rec.get("role")) else str(rec["role"])
+        for f in ("items", "selection"):
+            row[f] = None if _blank(rec.get(f)) else str(rec[f])
         ev = rec.get("eval_json")
         if not _blank(ev):
             res = read_json(ev)
@@ -160,7 +168,7 @@ def load_runs(runs: Iterable[Mapping[str, Any]]) -> tuple[pd.DataFrame, list[str
 
 # ----------------------------------------------------------------------------- tables
 # Methods in table order (others after them, by name).
-METHOD_RANK = {m: i for i, m in enumerate((BASE, FULL, RANDOM, CLUSTER))}
+METHOD_RANK = {m: i for i, m in enumerate((BASE,) + METHODS)}
 
 
 def _sort(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -181,6 +189,8 @@ def accuracy_table(df: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any] | 
     """
     cfg = {**DEFAULTS, **(cfg or {})}
     ev = df[df["average"].notna()]
+    if "role" in ev:  # the distribution ablation is reported as a comparison, not a cell
+        ev = ev[ev["role"] != "ablation"]
     cols = ["average"] + [f"task:{t}" for t in tasks]
     if ev.empty:
         return pd.DataFrame(columns=KEY_ACC + ["fraction", "n_seeds", "n_runs"])
@@ -196,6 +206,8 @@ def accuracy_table(df: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any] | 
     for t in tasks:
         if f"n:{t}" in ev:
             out[f"{t}_n"] = ev.groupby(keys, dropna=False)[f"n:{t}"].max()
+    # 95% t interval over seeds (half-width), what tables and plots show.
+    out["average_ci95"] = g["average"].agg(lambda v: mean_ci(v.to_numpy())[1])
     # One seed: no noise estimate at all (NaN), not the floor alone.
     seed_se = out["average_std"] / np.sqrt(out["n_seeds"])
     out["average_se"] = np.fmax(seed_se, float(cfg["min_se"])).where(out["n_seeds"] >= 2)
@@ -262,13 +274,16 @@ def _pm(mean: Any, std: Any, digits: int = 3) -> str:
 
 
 def accuracy_markdown(acc: pd.DataFrame, tasks: list[str]) -> str:
-    """Accuracy table with mean ± std cells, the standard error the verdicts use for the
-    average, and the training precision."""
+    """Accuracy table with mean ± std cells, the average's 95% t interval over seeds, the
+    standard error the verdicts use for the average, and the training precision."""
     view = acc[["dataset", "model", "method", "fraction", "n_seeds"]].copy()
     view["fraction"] = view["fraction"].map(lambda f: f"{f:.0%}")
     for name in ["average"] + tasks:
         if f"{name}_mean" in acc:
             view[name] = [_pm(m, s) for m, s in zip(acc[f"{name}_mean"], acc[f"{name}_std"])]
+        if name == "average" and "average_ci95" in acc:
+            view["average (95% CI)"] = [_pm(m, c) for m, c in zip(acc["average_mean"],
+                                                                 acc["average_ci95"])]
         if name == "average" and "average_se" in acc:
             view["average_se"] = acc["average_se"]
     if "precision" in acc:
@@ -324,23 +339,31 @@ def plot_accuracy(acc: pd.DataFrame, dataset: str, tasks: list[str], task_specs:
         m = d[d["model"] == model]
         for method, g in m.groupby("method", sort=False):
             g = g.sort_values("fraction")
-            yerr = g["average_std"].fillna(0).to_numpy()
+            ci = (g["average_ci95"] if "average_ci95" in g else g["average_std"]).fillna(0)
+            yerr = ci.to_numpy()
             if method == FULL:
-                ax.axhline(g["average_mean"].iloc[-1], color="black", ls="--",
-                           label=f"full ({g['average_mean'].iloc[-1]:.3f})")
+                y = g["average_mean"].iloc[-1]
+                ax.axhline(y, color="black", ls="--", label=f"full ({y:.3f})")
+                ax.axhspan(y - yerr[-1], y + yerr[-1], color="black", alpha=0.08)
             elif method == BASE:
                 ax.axhline(g["average_mean"].iloc[0], color="gray", ls=":",
                            label=f"base ({g['average_mean'].iloc[0]:.3f})")
             else:
-                ax.errorbar(g["fraction"], g["average_mean"], yerr=yerr, marker="o", capsize=3,
-                            label=method)
+                ref = method in REFERENCES
+                line = ax.errorbar(g["fraction"], g["average_mean"], yerr=yerr, capsize=3,
+                                   marker="s" if ref else "o", ls=":" if ref else "-",
+                                   label=method + (" (reference)" if ref else ""))
+                if len(g) > 1:  # a band where there is a curve
+                    ax.fill_between(g["fraction"], g["average_mean"] - yerr,
+                                    g["average_mean"] + yerr, alpha=0.12,
+                                    color=line.lines[0].get_color())
         if chance is not None:
             ax.axhline(chance, color="red", ls="-.", lw=0.8, label=f"chance ({chance:.3f})")
         ax.set_title(f"{dataset} / {model}")
         ax.set_xlabel("fraction of the pool")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("average accuracy over tasks")
+    axes[0][0].set_ylabel("average accuracy over tasks (95% CI over seeds)")
     fig.tight_layout()
     _save(fig, out_png, cfg)
 
@@ -591,13 +614,66 @@ def findings_text(acc: pd.DataFrame, tt: pd.DataFrame, cfg: Mapping[str, Any] | 
     return "\n".join(lines)
 
 
+def claims_markdown(claims: pd.DataFrame, cfg: Mapping[str, Any]) -> str:
+    """claims.md: one row per claim of the paper and dataset x model, then the diagnosis."""
+    head = ["# Claims of the paper against this run", "",
+            "Each verdict is a fixed rule on the numbers (clusterft.verdict): differences are "
+            "average accuracy over the tasks, A − B, with a 95% interval from a paired "
+            "bootstrap over seeds and items; standard errors are at least "
+            f"{float(cfg['min_se']):.3f} (`report.min_se`). A selection claim whose interval "
+            "holds 0 is *inconclusive* where oracle − random (the selection that knows the "
+            "true skills) does not clear the minimum detectable difference — the benchmark "
+            "cannot tell selections apart — and *not reproduced* where it does. The oracle is "
+            "a reference, never a contender. Results are findings, not targets.", ""]
+    if claims.empty:
+        return "\n".join(head + ["(nothing to compare)", ""])
+    main = claims[~claims["claim"].str.endswith("(diagnosis)")]
+    diag = claims[claims["claim"].str.endswith("(diagnosis)")]
+    return "\n".join(head) + "\n" + to_markdown(main) + "\n## Diagnosis\n\n" + to_markdown(diag)
+
+
 # ----------------------------------------------------------------------------- entry point
+def plot_skill_recovery(sr: pd.DataFrame, cfg: Mapping[str, Any],
+                        out_png: str | os.PathLike) -> None:
+    """ARI of each feature kind's clusters against the true labels, per dataset x model
+    (mean and 95% CI over seeds): do gradient clusters find the skills?"""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = list(dict.fromkeys(zip(sr["dataset"], sr["model"]))) if len(sr) else []
+    kinds = list(dict.fromkeys(sr["features"])) if len(sr) else []
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(cells) + 2), 4))
+    w = 0.8 / max(1, len(kinds))
+    for j, kind in enumerate(kinds):
+        for i, cell in enumerate(cells):
+            r = sr[(sr["dataset"] == cell[0]) & (sr["model"] == cell[1]) & (sr["features"] == kind)]
+            if r.empty:
+                continue
+            ax.bar(i + j * w, r["ari"].iloc[0], w, yerr=np.nan_to_num(r["ari_ci"].iloc[0]),
+                   capsize=2, color=f"C{j}", label=kind if i == 0 else None)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(cells))],
+                  [f"{d}\n{m}" for d, m in cells], fontsize=8)
+    ax.set_ylabel("ARI vs true skill labels (95% CI)")
+    ax.axhline(0, color="black", lw=0.6)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(title="features", fontsize=8)
+    fig.tight_layout()
+    _save(fig, out_png, cfg)
+
+
 def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
                out_dir_tables: str | os.PathLike, out_dir_plots: str | os.PathLike,
                task_specs: Mapping[str, Any] | Iterable[Any] | None = None,
-               cfg: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
+               cfg: Mapping[str, Any] | None = None,
+               clusterings: Iterable[Mapping[str, Any]] | None = None,
+               labels: Mapping[str, str] | None = None) -> dict[str, list[str]]:
     """Read every run's result files and write the tables, plots and findings.
 
+    ``clusterings``: {dataset, model, seed, features, clusters, labels} records for the
+    skill-recovery table; ``labels``: dataset -> labels.parquet for the per-label counts of
+    the selections. With both, the diagnosis tables, the paired comparisons (from the runs'
+    per-item results) and claims.md are written too.
     Returns {"tables": [...], "plots": [...]} with the paths written.
     """
     cfg = merge_section(DEFAULTS, cfg, "report")
@@ -620,6 +696,25 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
     table("time", tt, time_markdown(tt) if len(tt) else "(no training runs)\n")
     write_text(tdir / "findings.md", findings_text(acc, tt, cfg, tasks, df))
     written["tables"].append(str(tdir / "findings.md"))
+    if clusterings is not None and labels is not None:
+        from . import verdict
+
+        sr = verdict.skill_recovery(clusterings)
+        srs = verdict.skill_recovery_summary(sr) if len(sr) else pd.DataFrame(
+            columns=["dataset", "model", "features", "ari", "ari_ci"])
+        table("skill_recovery", sr, to_markdown(srs) if len(srs) else "(no clusterings)\n")
+        lc = verdict.label_counts(df.to_dict("records"), labels)
+        ls = verdict.label_summary(lc) if len(lc) else pd.DataFrame(
+            columns=["dataset", "model", "method", "budget"])
+        table("label_counts", lc, to_markdown(ls) if len(ls) else "(no selections)\n")
+        cmp = verdict.comparisons(df, float(cfg["claim_budget"]), float(cfg["min_se"]),
+                                  int(cfg["n_boot"]))
+        table("comparisons", cmp, to_markdown(cmp) if len(cmp) else "(no paired runs)\n")
+        claims = verdict.claims_table(cmp, tt, srs, ls, cfg)
+        write_text(tdir / "claims.md", claims_markdown(claims, cfg))
+        written["tables"].append(str(tdir / "claims.md"))
+        plot_skill_recovery(srs, cfg, pdir / "skill_recovery.png")
+        written["plots"].append(str(pdir / "skill_recovery.png"))
     for ds in dict.fromkeys(df["dataset"]):
         p = pdir / f"accuracy_vs_data_{ds}.png"
         plot_accuracy(acc, ds, tasks, task_specs, cfg, p)

@@ -45,10 +45,21 @@ Pipeline (``compute_features``):
    with ``gradient_type: adam``) at the last checkpoint; LESS normalises it away because it
    is larger for short responses.
 
+6. **Target features** (optional, ``targets``: the benchmark tasks' validation examples,
+   ``clusterft.targets.val_records``; for LESS, ``clusterft.targets.less_scores``): after
+   the pool's gradient pass, the same per-example gradient of each target example at the
+   same checkpoints, through the same projection, normalised and combined with the same
+   checkpoint weights, so a pool row . a target row is LESS's influence. With
+   ``gradient_type: adam`` the targets keep the plain (SGD) gradient, as in LESS's code
+   (the Adam direction is a training example's update; a validation example only says
+   which way its loss falls). The pool's features are computed first and do not depend on
+   the targets (bit for bit the same with or without them).
+
 ``run_score`` is the stage's file I/O edge: pool JSONL + HF model dir in,
 ``features.npy`` (float32 [N, warmup_checkpoints * dim], pool order), ``scores.parquet``
 (id, score, grad_norm) and, optionally, the loss trajectories (float32 [N, loss_points])
-out.
+and the target features (float32 [M, warmup_checkpoints * dim]) with their ids and tasks
+(parquet) out.
 """
 
 from __future__ import annotations
@@ -70,6 +81,7 @@ from .distributed import resolve_device
 from .errors import InputError
 from .lora import DEFAULTS as LORA_DEFAULTS
 from .pool import load_pool
+from .targets import resolve_targets, target_table
 
 log = logging.getLogger(__name__)
 
@@ -622,22 +634,29 @@ def pool_scores(features: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- features
 
 def compute_features_info(model, tokenizer, examples: Sequence[dict], cfg: dict | None,
-                          seed: int = 0, ckpt: "Checkpoints | None" = None
+                          seed: int = 0, ckpt: "Checkpoints | None" = None,
+                          targets: Sequence[dict] | None = None
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """``compute_features`` plus an info dict (warm-up losses, timings, truncation count,
     ``checkpoint_steps`` and ``checkpoint_weights``, and ``loss_trajectories``: float32
     [N, loss_points] in the order of ``examples``).
-    ``ckpt``: where the warm-up and the gradient pass keep resumable progress."""
+    ``ckpt``: where the warm-up and the gradient pass keep resumable progress.
+    ``targets``: records (pool format) whose features come from the same warm-up and
+    projection after the pool's (step 6 of the module docstring): ``target_features``
+    (float32 [M, warmup_checkpoints * dim], in the order of ``targets``) and
+    ``targets_truncated`` in the info."""
     import torch
 
     cfg = merge_cfg(cfg)
     if len(examples) == 0:
         raise InputError("no examples to score", field="pool")
+    if targets is not None and len(targets) == 0:
+        raise InputError("no target examples (targets is empty)", field="targets")
     base_threads = torch.get_num_threads()
     if cfg["num_threads"]:
         torch.set_num_threads(int(cfg["num_threads"]))
     try:
-        return _compute(model, tokenizer, examples, cfg, seed, ckpt)
+        return _compute(model, tokenizer, examples, cfg, seed, ckpt, targets)
     finally:
         torch.set_num_threads(base_threads)
 
@@ -687,27 +706,61 @@ def score_fingerprint(cfg: dict, seed: int, model_digest: str, pool_digest: str)
                                    default=str).encode()).hexdigest()
 
 
-def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
-             ckpt: Checkpoints | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    from .pace import Pace
-    from .tokenize import collate, encode_example
+def _encode_all(tokenizer, examples: Sequence[dict], cfg: dict, what: str = "examples"
+                ) -> tuple[list[dict], int]:
+    from .tokenize import encode_example
 
-    device = resolve_device(cfg["device"], "score.device")
-    pad_id = tokenizer.pad_token_id
-    if pad_id is None:
-        raise InputError("tokenizer has no pad token", field="model")
-    t0 = time.perf_counter()
     encoded = []
     for i, ex in enumerate(examples):
         try:
             encoded.append(encode_example(tokenizer, ex.get("messages"), int(cfg["max_length"]),
                                           "truncate"))
         except InputError as e:
-            raise InputError(f"example {i} (id {ex.get('id')!r}): {e}", field="messages") from e
+            raise InputError(f"{what[:-1]} {i} (id {ex.get('id')!r}): {e}",
+                             field="messages") from e
     n_trunc = sum(bool(e["truncated"]) for e in encoded)
     if n_trunc:
-        log.warning("%d of %d examples truncated to max_length=%d", n_trunc, len(encoded),
+        log.warning("%d of %d %s truncated to max_length=%d", n_trunc, len(encoded), what,
                     cfg["max_length"])
+    return encoded, n_trunc
+
+
+def _target_pass(pmodel, encoded: Sequence[dict], checkpoints: Sequence[dict], proj,
+                 cfg: dict, pad_id: int, device) -> tuple[np.ndarray, np.ndarray]:
+    """Projected plain (SGD) gradients of the target examples at every checkpoint:
+    ([checkpoint, example, dim], [checkpoint, example] norms), length-sorted batches."""
+    from .tokenize import collate
+
+    n, bs = len(encoded), int(cfg["batch_size"])
+    order = np.argsort([e["length"] for e in encoded], kind="stable")
+    projected = np.zeros((len(checkpoints), n, int(cfg["dim"])), dtype=np.float32)
+    norms = np.zeros((len(checkpoints), n), dtype=np.float32)
+    for k, c in enumerate(checkpoints):
+        _set_lora(pmodel, c["lora"])
+        for lo in range(0, n, bs):
+            idx = order[lo:lo + bs]
+            batch = {key: v.to(device) for key, v in
+                     collate([encoded[i] for i in idx], pad_id).items()}
+            g = per_example_grads(pmodel, batch, cfg["method"])  # LESS: SGD for targets
+            norms[k, idx] = g.norm(dim=1).cpu().numpy()
+            projected[k, idx] = proj(g).cpu().numpy()
+    return projected, norms
+
+
+def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
+             ckpt: Checkpoints | None = None, targets: Sequence[dict] | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    from .pace import Pace
+    from .tokenize import collate
+
+    device = resolve_device(cfg["device"], "score.device")
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise InputError("tokenizer has no pad token", field="model")
+    t0 = time.perf_counter()
+    encoded, n_trunc = _encode_all(tokenizer, examples, cfg)
+    enc_targets, t_trunc = (_encode_all(tokenizer, targets, cfg, "targets")
+                            if targets is not None else (None, 0))
 
     model.to(device)
     base_training = model.training
@@ -771,6 +824,9 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
                 if ckpt is not None and k + 1 < n_ckpt:
                     ckpt.save("gradients.pt", {"checkpoint": k + 1, "next": 0,
                                                "projected": projected, "norms": norms})
+        if enc_targets is not None:  # after the pool's rows: they cannot depend on it
+            t_proj, t_norms = _target_pass(pmodel, enc_targets, checkpoints, proj, cfg,
+                                           pad_id, device)
     finally:
         if pmodel is not None:
             pmodel.unload()  # remove the adapters: the caller's model is left as it was
@@ -785,6 +841,14 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
     weights = checkpoint_weights(checkpoints)
     features = combine_checkpoints([l2_normalize(p) for p in projected], weights)
     scores = pool_scores(features)
+    if enc_targets is not None:
+        refuse_rows(np.flatnonzero(~np.isfinite(t_proj).all(2).all(0)), "non-finite target "
+                    "gradients", "the warm-up diverged or the model overflows", targets, cfg)
+        refuse_rows(np.flatnonzero((t_norms == 0).any(0)), "zero target gradient",
+                    "their loss does not depend on the LoRA weights", targets, cfg)
+        info["target_features"] = combine_checkpoints([l2_normalize(p) for p in t_proj],
+                                                      weights)
+        info["targets_truncated"] = t_trunc
     for key in ("exp_avg", "exp_avg_sq", "checkpoints"):
         info.pop(key, None)
     info.update({"n": len(encoded), "truncated": n_trunc, "lora_dim": d,
@@ -845,10 +909,21 @@ def compute_features(model, tokenizer, examples: Sequence[dict], cfg: dict | Non
 def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict | None,
               out_features: str | os.PathLike, out_scores: str | os.PathLike, seed: int = 0,
               threads: int | None = None, length_policy: dict | None = None,
-              out_trajectories: str | os.PathLike | None = None) -> dict:
+              out_trajectories: str | os.PathLike | None = None, targets: Any = None,
+              out_targets: str | os.PathLike | None = None,
+              out_target_ids: str | os.PathLike | None = None) -> dict:
     """Stage `score`: write features.npy [N, warmup_checkpoints * dim] and scores.parquet
     (id, score, grad_norm), and with ``out_trajectories`` the loss trajectories (float32
     [N, loss_points] .npy, pool order; output role "trajectories" in the provenance).
+
+    ``targets`` (for LESS): the benchmark tasks' validation examples, as ``(items_dir,
+    tasks)`` / ``{"items_dir": ..., "tasks": [...]}`` (their ``<task>.val.jsonl``; the
+    items folder is checked as an input, so items of another prepare_data run than the
+    pool's are refused) or ``(records, task_of_record)`` from
+    ``clusterft.targets.val_records``. Needs ``out_targets`` (float32 [M,
+    warmup_checkpoints * dim] .npy, the target features; role "targets") and
+    ``out_target_ids`` (parquet: id, task, row order; role "target_ids"). The pool's
+    outputs are the same bytes with or without targets.
 
     ``threads`` (e.g. Snakemake's) sets torch's thread count unless cfg sets num_threads.
     ``length_policy`` ({max_length, truncation}, train's) is checked over the whole pool
@@ -866,11 +941,18 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
 
     set_offline_env()
     cfg = merge_cfg(cfg)
+    if (out_targets is None) != (out_target_ids is None) or (
+            targets is not None and out_targets is None):
+        raise InputError("targets needs out_targets and out_target_ids (given without "
+                         "targets, they are written empty: no validation examples)",
+                         field="targets")
     if threads and not cfg["num_threads"]:
         torch.set_num_threads(int(threads))
     records = load_pool(pool)
+    t_records, t_tasks, t_dirs = resolve_targets(targets) if targets is not None else (None, [], [])
     path = resolve_model(str(model_dir), field="score model")
-    checked = provenance.check_inputs({"model": path, "pool": pool}, "score")
+    checked = provenance.check_inputs({"model": path, "pool": pool, "items": t_dirs or None},
+                                      "score")
     tok = load_tokenizer(path)
     if length_policy is not None:
         policy = {**LENGTH_POLICY, **length_policy}
@@ -883,7 +965,8 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
     ckpt = Checkpoints(ckpt_dir, score_fingerprint(cfg, seed, provenance.digest(path),
                                                    provenance.digest(pool))
                        ) if int(cfg["checkpoint_every"]) > 0 else None
-    features, scores, norms, info = compute_features_info(model, tok, records, cfg, seed, ckpt)
+    features, scores, norms, info = compute_features_info(model, tok, records, cfg, seed, ckpt,
+                                                          t_records)
     save_npy(out_features, features)
     write_parquet(out_scores, pd.DataFrame({"id": [r["id"] for r in records],
                                             "score": scores.astype(np.float64),
@@ -893,8 +976,15 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
     if out_trajectories is not None:
         save_npy(out_trajectories, trajectories)
         outputs["trajectories"] = out_trajectories
-    provenance.write(outputs, "score", checked,
-                     inherit=("pool", "model"), run_key="score_run", config=cfg, seed=seed)
+    if out_targets is not None:  # none: [0, width] and an empty table (select says why)
+        tf = info.pop("target_features", None)
+        save_npy(out_targets, tf if tf is not None else np.zeros((0, features.shape[1]),
+                                                                 np.float32))
+        write_parquet(out_target_ids, target_table(t_records or [], t_tasks))
+        outputs.update(targets=out_targets, target_ids=out_target_ids)
+        info["n_targets"] = len(t_records or [])
+    provenance.write(outputs, "score", checked, inherit=("pool", "model", "items"),
+                     run_key="score_run", config=cfg, seed=seed)
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # the features are complete
     log.info("scored %d examples in %.1fs (warm-up %.1fs, %d truncated)", info["n"],
              info["seconds"], info["warmup_seconds"], info["truncated"])

@@ -32,6 +32,11 @@ Methods (``select``):
   remainder going to the larger clusters), so it differs from ``cluster`` in its features
   and its rounding, not in its balance rule.
 
+- ``less``: LESS's target-aware top-k (clusterft.targets.less_scores): each pool example's
+  mean cosine with each benchmark task's validation examples in gradient-feature space,
+  the max over tasks (``less_agg``), highest first.
+- ``rds``: RDS+ (clusterft.targets.rds_round_robin): the same similarity on embedding
+  features, the tasks taking turns in picking their best example.
 - ``rs2``: RS2 (Okanovic et al. 2023): for each of ``epochs`` epochs a fresh seeded uniform
   subset of the same ``n``; selection.parquet gets an ``epoch`` column and train uses
   subset e in epoch e. Same steps as a fixed subset, more distinct examples seen.
@@ -51,7 +56,7 @@ import numpy as np
 from . import provenance
 from .sections import merge_section
 from .errors import InputError
-from .names import FULL, METHODS, ORACLE, RANDOM, RS2, S2L
+from .names import FULL, LESS, METHODS, ORACLE, RANDOM, RDS, RS2, S2L, TARGET_AWARE
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,8 @@ DEFAULTS: dict = {
     # How examples are picked inside a cluster: random (seeded), score (highest first) or
     # centroid (closest to the cluster centroid first).
     "within": "random",
+    # LESS: a pool example's score over the tasks: max (LESS's choice) or mean.
+    "less_agg": "max",
 }
 
 QUOTAS = ("uniform", "proportional", "sqrt")
@@ -71,7 +78,7 @@ WITHIN = ("random", "score", "centroid")
 def merge_cfg(cfg: dict | None) -> dict:
     """Return ``cfg`` merged over DEFAULTS; unknown keys and values raise InputError."""
     out = merge_section(DEFAULTS, cfg, "select")
-    for key, valid in (("quota", QUOTAS), ("within", WITHIN)):
+    for key, valid in (("quota", QUOTAS), ("within", WITHIN), ("less_agg", ("max", "mean"))):
         if out[key] not in valid:
             raise InputError(f"unknown value '{out[key]}'; valid: {', '.join(valid)}",
                              field=f"select.{key}")
@@ -173,7 +180,7 @@ def rs2_subsets(n_pool: int, n: int, epochs: int, seed: int = 0) -> list[np.ndar
 def _rule(method: str, cfg: dict) -> tuple[str | None, str | None]:
     """(quota rule, within-cluster rule) of a method: none for full and random, S2L's own
     for s2l, the configured ones for cluster, its feature baselines and the oracle."""
-    if method in (FULL, RANDOM, RS2):
+    if method in (FULL, RANDOM, RS2, LESS, RDS):
         return None, None
     if method == S2L:
         return S2L, "random"
@@ -196,11 +203,14 @@ def _pick(members: np.ndarray, m: int, within: str, scores: np.ndarray | None,
 
 
 def select(ids, clusters, scores, method: str, budget: float, cfg: dict | None = None,
-           seed: int = 0, centroid_sim=None) -> np.ndarray:
+           seed: int = 0, centroid_sim=None, features=None, targets=None,
+           target_task=None) -> np.ndarray:
     """Row indices (sorted, int64) of the selected examples.
 
     ``ids``, ``clusters`` (ints), ``scores`` and ``centroid_sim`` (optional) are aligned
-    per pool row. See the module docstring for the methods and ``cfg`` keys.
+    per pool row; ``features`` (pool rows), ``targets`` (validation rows) and
+    ``target_task`` (their tasks) are read by less and rds only. See the module docstring
+    for the methods and ``cfg`` keys.
     """
     cfg = merge_cfg(cfg)
     if method not in METHODS:
@@ -218,6 +228,19 @@ def select(ids, clusters, scores, method: str, budget: float, cfg: dict | None =
     m = n_select(n, budget)
     if method == FULL:
         return np.arange(n, dtype=np.int64)
+    if method in TARGET_AWARE:
+        from .targets import less_scores, rds_round_robin, top_k
+
+        if features is None or targets is None or target_task is None or len(targets) == 0:
+            raise InputError(f"method '{method}' needs the pool's features and the benchmark "
+                             "tasks' validation features (none were written: set the "
+                             "dataset's val_per_task > 0 with repo-defined tasks)",
+                             field="targets")
+        if len(features) != n:
+            raise InputError(f"{len(features)} feature rows for {n} ids", field="features")
+        if method == LESS:
+            return top_k(less_scores(features, targets, target_task, cfg["less_agg"]), m)
+        return rds_round_robin(features, targets, target_task, m)
     if method == RS2:  # its first epoch's subset (run_select writes every epoch's)
         return rs2_subsets(n, m, 1, seed)[0]
     if method == RANDOM:
@@ -279,7 +302,10 @@ def oracle_clusters(ids: np.ndarray, labels: str | os.PathLike) -> np.ndarray:
 def run_select(clusters: str | os.PathLike, scores: str | os.PathLike, method: str,
                budget: float, cfg: dict | None, out_selection: str | os.PathLike,
                out_summary: str | os.PathLike, seed: int = 0,
-               labels: str | os.PathLike | None = None, epochs: int = 1) -> dict:
+               labels: str | os.PathLike | None = None, epochs: int = 1,
+               features: str | os.PathLike | None = None,
+               targets: str | os.PathLike | None = None,
+               target_ids: str | os.PathLike | None = None) -> dict:
     """Stage `select`: write selection.parquet (id, cluster, score; pool order) and
     selection.json (method, budget, seed, quota, within, n_pool, n_selected, per-cluster
     pool/selected counts). Returns the summary.
@@ -288,7 +314,9 @@ def run_select(clusters: str | os.PathLike, scores: str | os.PathLike, method: s
     ``labels``: labels.parquet, read by method ``oracle`` only, whose "clusters" are the
     true labels (their codes, in sorted label order, go to the ``cluster`` column).
     ``epochs``: how many per-epoch subsets method ``rs2`` writes (the ``epoch`` column; a
-    train run with more epochs cycles through them)."""
+    train run with more epochs cycles through them).
+    ``features``, ``targets``, ``target_ids``: the score run's features.npy, targets.npy and
+    targets.parquet (id, task), read by less and rds only."""
     import pandas as pd
 
     from .io import write_json, write_parquet
@@ -296,6 +324,9 @@ def run_select(clusters: str | os.PathLike, scores: str | os.PathLike, method: s
     cfg = merge_cfg(cfg)
     if method == ORACLE and labels is None:
         raise InputError("method 'oracle' needs the labels file (labels.parquet)", field="labels")
+    if method in TARGET_AWARE and None in (features, targets, target_ids):
+        raise InputError(f"method '{method}' needs features, targets and target_ids",
+                         field="targets")
     frames = {}
     for path, need in ((clusters, ("id", "cluster")), (scores, ("id", "score"))):
         if not os.path.exists(path):
@@ -306,8 +337,20 @@ def run_select(clusters: str | os.PathLike, scores: str | os.PathLike, method: s
                 raise InputError(f"no '{col}' column (has {list(df.columns)})", path=str(path),
                                  field=col)
         frames[path] = df
+    aware = method in TARGET_AWARE
     checked = provenance.check_inputs({"clusters": clusters, "scores": scores,
-                                       "labels": labels if method == ORACLE else None}, "select")
+                                       "labels": labels if method == ORACLE else None,
+                                       "features": features if aware else None,
+                                       "targets": targets if aware else None,
+                                       "target_ids": target_ids if aware else None}, "select")
+    pool_f = target_f = target_task = None
+    if aware:
+        pool_f, target_f = np.load(features), np.load(targets)
+        target_task = pd.read_parquet(target_ids)["task"].astype(str).to_numpy() \
+            if len(target_f) else np.array([], dtype=str)
+        if len(target_task) != len(target_f):
+            raise InputError(f"{len(target_task)} rows but {targets} has {len(target_f)}",
+                             path=str(target_ids))
     cdf, sdf = frames[clusters], frames[scores]
     c_ids, s_ids = cdf["id"].astype(str).to_numpy(), sdf["id"].astype(str).to_numpy()
     if len(c_ids) != len(s_ids) or not (c_ids == s_ids).all():
@@ -318,7 +361,8 @@ def run_select(clusters: str | os.PathLike, scores: str | os.PathLike, method: s
     if method == ORACLE:
         groups, sim = oracle_clusters(c_ids, labels), None
     idx = select(cdf["id"].to_numpy(), groups, sdf["score"].to_numpy(),
-                 method, budget, cfg, seed, centroid_sim=sim)
+                 method, budget, cfg, seed, centroid_sim=sim, features=pool_f,
+                 targets=target_f, target_task=target_task)
     per_epoch = rs2_subsets(len(c_ids), len(idx), epochs, seed) if method == RS2 else [idx]
 
     def rows(ix: np.ndarray) -> pd.DataFrame:

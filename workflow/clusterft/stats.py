@@ -182,3 +182,28 @@ def paired_comparison(a, b, task_of_item, level: float = 0.95, n_boot: int = 200
         "n_tasks": int(n_tasks),
         "mde": minimum_detectable_difference(se, alpha=1.0 - level),
     }
+
+
+def cluster_agreement(labels, true_labels) -> dict:
+    """Agreement of clusters with hidden true labels (skill recovery): ARI, NMI, purity and
+    label_coverage (all in [0, 1]*).
+
+    Purity: the fraction of examples whose cluster's most common true label is their own.
+    Label coverage: the fraction of true labels that are the most common label of at least
+    one cluster (a skill that owns a cluster; ties go to the label sorted first).
+    (*ARI can be slightly negative for worse-than-chance clusterings.)
+    """
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    a, b = np.asarray(labels), np.asarray(true_labels)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"labels and true_labels must be 1-D of one length, got {a.shape}, {b.shape}")
+    _, bi = np.unique(b, return_inverse=True)
+    _, ai = np.unique(a, return_inverse=True)
+    table = np.zeros((ai.max() + 1, bi.max() + 1), dtype=np.int64)
+    np.add.at(table, (ai, bi), 1)
+    return {"ari": float(adjusted_rand_score(b, a)),
+            "nmi": float(normalized_mutual_info_score(b, a)),
+            "purity": float(table.max(1).sum() / len(a)),
+            "label_coverage": float(len(np.unique(table.argmax(1))) / table.shape[1]),
+            "n_clusters": int(table.shape[0]), "n_labels": int(table.shape[1])}

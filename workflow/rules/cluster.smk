@@ -1,17 +1,17 @@
-# Cosine k-means of the gradient features: examples with a similar training effect.
+# Cosine k-means of one feature kind: gradients (the method), embeddings, TF-IDF or loss
+# trajectories; examples with a similar training effect (or text, or learning curve).
 
 
 rule cluster:
     input:
-        features="results/score/{dataset}/{model}/s{seed}/features.npy",
-        scores="results/score/{dataset}/{model}/s{seed}/scores.parquet",
+        unpack(cluster_inputs),
     output:
-        clusters="results/cluster/{dataset}/{model}/s{seed}/clusters.parquet",
-        centroids="results/cluster/{dataset}/{model}/s{seed}/centroids.npy",
+        clusters="results/cluster/{dataset}/{model}/{kind}/s{seed}/clusters.parquet",
+        centroids="results/cluster/{dataset}/{model}/{kind}/s{seed}/centroids.npy",
     log:
-        "logs/cluster/{dataset}/{model}/s{seed}.log",
+        "logs/cluster/{dataset}/{model}/{kind}/s{seed}.log",
     benchmark:
-        "benchmarks/out/cluster/{dataset}/{model}/s{seed}.tsv"
+        "benchmarks/out/cluster/{dataset}/{model}/{kind}/s{seed}.tsv"
     conda:
         ENV
     threads: 1

@@ -24,7 +24,18 @@ os.environ.update(
 if PKG_DIR not in sys.path:
     sys.path.insert(0, PKG_DIR)
 
-from clusterft.names import BASE, DISTRIBUTIONS, FULL, METHODS
+from clusterft.names import (
+    BASE,
+    DISTRIBUTIONS,
+    FEATURE_KINDS,
+    FULL,
+    GRADIENT,
+    METHODS,
+    ORACLE,
+    RS2,
+    TARGET_AWARE,
+    features_of,
+)
 from clusterft.config import (
     budget_label,
     check_config,
@@ -60,24 +71,49 @@ wildcard_constraints:
     gpus=r"[1-9][0-9]*",
     dist="|".join(DISTRIBUTIONS),
     seed=r"[0-9]+",
+    kind="|".join(FEATURE_KINDS),
+
+
+def in_group(group, method, model):
+    """Whether an optional sweep group (curve, baselines, distribution_ablation) covers
+    this method on this model (its `models`, when set, restrict it)."""
+    return method in group.get("methods", []) and model in group.get("models", MODELS)
 
 
 def accuracy_runs():
-    """Runs of the accuracy-vs-data sweep: every method and budget at one GPU count."""
+    """Runs of the accuracy-vs-data sweep, all at one GPU count: every method of
+    sweep.methods (and of sweep.baselines, on its models) at every budget of sweep.budgets,
+    the sweep.curve methods at its extra budgets too, and the sweep.distribution_ablation
+    methods at sweep.budgets with the other distribution."""
     sweep = config["sweep"]
     acc = sweep["accuracy"]
-    for dataset, model, seed, method in product(
-        DATASETS, MODELS, SEEDS, sweep["methods"]
-    ):
-        budgets = [1.0] if method == FULL else sweep["budgets"]
-        for budget in budgets:
+    curve = sweep.get("curve") or {}
+    baselines = sweep.get("baselines") or {}
+    ablation = sweep.get("distribution_ablation") or {}
+    methods = list(sweep["methods"]) + [
+        m for m in baselines.get("methods", []) if m not in sweep["methods"]
+    ]
+    for dataset, model, seed, method in product(DATASETS, MODELS, SEEDS, methods):
+        if method not in sweep["methods"] and not in_group(baselines, method, model):
+            continue
+        budgets = list(sweep["budgets"])
+        if in_group(curve, method, model):
+            budgets += [b for b in curve.get("budgets", []) if b not in budgets]
+        dists = [acc["distribution"]]
+        if in_group(ablation, method, model):
+            dists.append(ablation["distribution"])
+        for budget, dist in product(
+            [1.0] if method == FULL else sorted(budgets), dists
+        ):
+            if dist != acc["distribution"] and budget not in sweep["budgets"]:
+                continue
             yield dict(
                 dataset=dataset,
                 model=model,
                 method=method,
                 budget=budget_label(budget),
                 gpus=acc["gpus"],
-                dist=acc["distribution"],
+                dist=dist,
                 seed=seed,
             )
 
@@ -132,9 +168,29 @@ def run_record(run, with_eval):
     return {
         **{k: run[k] for k in ("dataset", "model", "method", "budget", "gpus", "seed")},
         "distribution": run["dist"],
+        "role": run_role(run, with_eval),
         "eval_json": run_path("eval", run, "results.json") if with_eval else None,
+        "items": run_path("eval", run, "items.parquet") if with_eval else None,
+        "selection": selection_path(run) if run["method"] != FULL else None,
         "train_metrics_json": run_path("train", run, "train_metrics.json"),
     }
+
+
+def run_role(run, with_eval):
+    """accuracy, ablation (an accuracy run with the other distribution) or time."""
+    if not with_eval:
+        return "time"
+    main = config["sweep"]["accuracy"]["distribution"]
+    return "accuracy" if run["dist"] == main else "ablation"
+
+
+SELECTION = (
+    "results/select/{dataset}/{model}/{method}-{budget}/s{seed}/selection.parquet"
+)
+
+
+def selection_path(run):
+    return SELECTION.format(**run)
 
 
 def run_records():
@@ -150,6 +206,7 @@ def run_records():
             "budget": 0.0,
             "seed": 0,
             "eval_json": f"results/eval/{d}/{m}/{BASE}/results.json",
+            "items": f"results/eval/{d}/{m}/{BASE}/items.parquet",
         }
         for d, m in product(DATASETS, MODELS)
     ]
@@ -167,26 +224,50 @@ def report_inputs():
             run_path("train", r, "train_metrics.json")
             for r in unique(ACCURACY_RUNS + TIME_RUNS)
         ],
-        clusters=[
-            f"results/cluster/{d}/{m}/s{s}/clusters.parquet"
-            for d, m, s in product(DATASETS, MODELS, SEEDS)
-        ],
+        per_item=[run_path("eval", r, "items.parquet") for r in ACCURACY_RUNS],
+        selections=sorted(
+            {selection_path(r) for r in ACCURACY_RUNS if r["method"] != FULL}
+        ),
+        clusters=[c["clusters"] for c in cluster_records()],
         labels=[f"results/data/{d}/labels.parquet" for d in DATASETS],
     )
 
 
-REPORT_TABLES = ["accuracy_vs_data", "time"]
+def cluster_records():
+    """Every feature kind's clusters per dataset, model and seed, for the skill-recovery
+    table (the method never reads the labels; the report does)."""
+    return [
+        {
+            "dataset": d,
+            "model": m,
+            "seed": s,
+            "features": k,
+            "clusters": f"results/cluster/{d}/{m}/{k}/s{s}/clusters.parquet",
+            "labels": f"results/data/{d}/labels.parquet",
+        }
+        for d, m, s, k in product(DATASETS, MODELS, SEEDS, FEATURE_KINDS)
+    ]
+
+
+REPORT_TABLES = [
+    "accuracy_vs_data",
+    "time",
+    "skill_recovery",
+    "label_counts",
+    "comparisons",
+]
 
 
 def report_outputs():
     return (
         [f"results/tables/{t}.{ext}" for t in REPORT_TABLES for ext in ("csv", "md")]
-        + [f"results/tables/findings.md"]
+        + ["results/tables/findings.md", "results/tables/claims.md"]
         + [
             f"results/plots/{p}_{d}.png"
             for p in ("accuracy_vs_data", "time")
             for d in DATASETS
         ]
+        + ["results/plots/skill_recovery.png"]
     )
 
 
@@ -231,11 +312,15 @@ def model_train_section(model):
 
 
 def is_time_only(wildcards):
-    """A run outside the accuracy sweep's GPU count and distribution (check_config keeps
-    the two apart when sweep.time.epochs is set)."""
-    acc = config["sweep"]["accuracy"]
-    gpus, dist = int(acc["gpus"]), acc["distribution"]
-    return (int(wildcards.gpus), wildcards.dist) != (gpus, dist)
+    """A run that is not one of the accuracy runs (check_config keeps the two apart when
+    sweep.time.epochs is set)."""
+    run = {k: wildcards[k] for k in ("dataset", "model", "method", "budget", "dist")}
+    return not any(
+        {k: str(r[k]) for k in run} == run
+        and int(r["gpus"]) == int(wildcards.gpus)
+        and int(r["seed"]) == int(wildcards.seed)
+        for r in ACCURACY_RUNS
+    )
 
 
 def train_cfg(wildcards):
@@ -290,3 +375,50 @@ def dataset_cfg(wildcards):
     items = config["tasks"].get("items_per_task")
     extra = {"items_per_task": items} if items is not None else {}
     return canonical({**extra, **config["datasets"][wildcards.dataset]})
+
+
+def features_paths(dataset, model, kind, seed):
+    """features.npy and scores.parquet of one feature kind (the gradient kind is score's)."""
+    folder = (
+        f"results/score/{dataset}/{model}/s{seed}"
+        if kind == GRADIENT
+        else f"results/features/{dataset}/{model}/{kind}/s{seed}"
+    )
+    return {"features": f"{folder}/features.npy", "scores": f"{folder}/scores.parquet"}
+
+
+def cluster_inputs(wildcards):
+    return features_paths(
+        wildcards.dataset, wildcards.model, wildcards.kind, wildcards.seed
+    )
+
+
+def select_inputs(wildcards):
+    """The clusters of the method's features and that run's scores; the oracle also reads
+    the true labels."""
+    kind = features_of(wildcards.method)
+    where = f"{wildcards.dataset}/{wildcards.model}/{kind}/s{wildcards.seed}"
+    out = {
+        "clusters": f"results/cluster/{where}/clusters.parquet",
+        "scores": features_paths(
+            wildcards.dataset, wildcards.model, kind, wildcards.seed
+        )["scores"],
+    }
+    if wildcards.method == ORACLE:
+        out["labels"] = f"results/data/{wildcards.dataset}/labels.parquet"
+    if wildcards.method in TARGET_AWARE:
+        folder = os.path.dirname(out["scores"])
+        out["features"] = f"{folder}/features.npy"
+        out["targets"] = f"{folder}/targets.npy"
+        out["target_ids"] = f"{folder}/targets.parquet"
+    return out
+
+
+def select_epochs(wildcards):
+    """RS2's per-epoch subsets: as many as the model's longest training run has epochs."""
+    if wildcards.method != RS2:
+        return 1
+    from clusterft.train import DEFAULTS as TRAIN_DEFAULTS
+
+    cfg = {**TRAIN_DEFAULTS, **model_train_section(wildcards.model)}
+    return int(cfg["epochs"])

@@ -9,6 +9,7 @@ rule evaluate:
     output:
         results=f"results/eval/{RUN}/results.json",
         raw=f"results/eval/{RUN}/results.lm_eval.json",
+        per_item=f"results/eval/{RUN}/items.parquet",
         tasks=directory(f"results/eval/{RUN}/tasks"),
     log:
         f"logs/evaluate/{RUN}.log",
@@ -36,6 +37,7 @@ use rule evaluate as evaluate_base with:
     output:
         results="results/eval/{dataset}/{model}/base/results.json",
         raw="results/eval/{dataset}/{model}/base/results.lm_eval.json",
+        per_item="results/eval/{dataset}/{model}/base/items.parquet",
         tasks=directory("results/eval/{dataset}/{model}/base/tasks"),
     log:
         "logs/evaluate/{dataset}/{model}/base.log",

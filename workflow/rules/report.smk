@@ -19,6 +19,16 @@ rule report:
             caption="../report/findings.rst",
             category="Findings",
         ),
+        claims=report(
+            "results/tables/claims.md",
+            caption="../report/claims.rst",
+            category="Findings",
+        ),
+        skill_plot=report(
+            "results/plots/skill_recovery.png",
+            caption="../report/skill_recovery_plot.rst",
+            category="Plots",
+        ),
         plots=[
             report(
                 f"results/plots/{p}_{d}.png",
@@ -42,6 +52,8 @@ rule report:
         runtime=10,
     params:
         runs=run_records(),
+        clusterings=cluster_records(),
+        labels={d: f"results/data/{d}/labels.parquet" for d in DATASETS},
         cfg=section("report"),
     script:
         "../scripts/report.py"

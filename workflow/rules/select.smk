@@ -1,10 +1,10 @@
-# Budgeted selection: full data, a uniform random subset, or per-cluster quotas.
+# Budgeted selection: full data, random, per-cluster quotas on the clusters of the method's
+# features (cluster, embed-cluster, tfidf-cluster, s2l), the oracle's true labels, or RS2.
 
 
 rule select:
     input:
-        clusters="results/cluster/{dataset}/{model}/s{seed}/clusters.parquet",
-        scores="results/score/{dataset}/{model}/s{seed}/scores.parquet",
+        unpack(select_inputs),
     output:
         selection="results/select/{dataset}/{model}/{method}-{budget}/s{seed}/selection.parquet",
         summary="results/select/{dataset}/{model}/{method}-{budget}/s{seed}/selection.json",
@@ -20,5 +20,6 @@ rule select:
         runtime=10,
     params:
         cfg=section("select"),
+        epochs=select_epochs,
     script:
         "../scripts/select.py"

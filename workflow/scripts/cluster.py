@@ -1,4 +1,4 @@
-"""Snakemake wrapper: cosine k-means of the gradient features."""
+"""Snakemake wrapper: cosine k-means of one feature kind."""
 from clusterft.cluster import run_cluster
 from clusterft.smk import logged
 

@@ -11,4 +11,5 @@ with logged(snakemake.log[0]):
         out_json=snakemake.output.results,
         tasks_dir=snakemake.output.tasks,
         seed=int(getattr(snakemake.wildcards, "seed", 0)),
+        out_items=snakemake.output.per_item,
     )

@@ -18,4 +18,6 @@ with logged(snakemake.log[0]):
         Path(snakemake.output.plots[0]).parent,
         task_specs=TASKS,
         cfg=snakemake.params.cfg,
+        clusterings=list(snakemake.params.clusterings),
+        labels=dict(snakemake.params.labels),
     )

@@ -1,8 +1,11 @@
-"""Snakemake wrapper: per-example gradient features and scores."""
+"""Snakemake wrapper: per-example gradient features, scores, loss trajectories and the
+validation examples' features (LESS's targets; empty where the tasks have none)."""
 from clusterft.score import run_score
 from clusterft.smk import logged
+from clusterft.targets import available
 
 with logged(snakemake.log[0]):
+    items, tasks = list(snakemake.input.task_items), list(snakemake.params.tasks)
     run_score(
         snakemake.input.model,
         snakemake.input.pool,
@@ -12,4 +15,8 @@ with logged(snakemake.log[0]):
         seed=int(snakemake.wildcards.seed),
         threads=snakemake.threads,
         length_policy=snakemake.params.length_policy,
+        out_trajectories=snakemake.output.trajectories,
+        targets=(items, tasks) if available(items, tasks) else None,
+        out_targets=snakemake.output.targets,
+        out_target_ids=snakemake.output.target_ids,
     )

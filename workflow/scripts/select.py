@@ -1,4 +1,4 @@
-"""Snakemake wrapper: budgeted selection (full, random or per-cluster quotas)."""
+"""Snakemake wrapper: budgeted selection (see clusterft.select for the methods)."""
 from clusterft.select import run_select
 from clusterft.smk import logged
 
@@ -12,4 +12,9 @@ with logged(snakemake.log[0]):
         snakemake.output.selection,
         snakemake.output.summary,
         seed=int(snakemake.wildcards.seed),
+        labels=getattr(snakemake.input, "labels", None),
+        epochs=int(snakemake.params.epochs),
+        features=getattr(snakemake.input, "features", None),
+        targets=getattr(snakemake.input, "targets", None),
+        target_ids=getattr(snakemake.input, "target_ids", None),
     )

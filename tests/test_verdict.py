@@ -1,0 +1,125 @@
+"""clusterft.verdict: skill recovery and label coverage from files, paired comparisons on
+per-item results, the power line and the verdict rules, on constructed cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from clusterft import verdict
+from clusterft.io import write_parquet
+from clusterft.stats import cluster_agreement
+
+TASKS = ("t1", "t2", "t3")
+
+
+def items_file(path, p_correct: float, rng, n: int = 200):
+    """Per-item results of one run: n items per task, each right with p_correct."""
+    rows = [{"task": t, "doc_id": i, "item": f"{t}-{i}", "value": float(rng.random() < p_correct)}
+            for t in TASKS for i in range(n)]
+    write_parquet(path, pd.DataFrame(rows))
+    return str(path)
+
+
+def runs_frame(tmp_path, accuracy: dict[str, float], seeds=(0, 1, 2), ablation=None):
+    rng = np.random.default_rng(0)
+    rows = []
+    for method, p in accuracy.items():
+        for s in seeds:
+            frac = 1.0 if method == "full" else 0.31
+            rows.append({"dataset": "d", "model": "m", "method": method, "seed": s,
+                         "fraction": frac, "distribution": "balanced", "role": "accuracy",
+                         "items": items_file(tmp_path / f"{method}-{s}.parquet", p, rng)})
+    for method, p in (ablation or {}).items():
+        for s in seeds:
+            rows.append({"dataset": "d", "model": "m", "method": method, "seed": s,
+                         "fraction": 0.31, "distribution": "random", "role": "ablation",
+                         "items": items_file(tmp_path / f"{method}-r-{s}.parquet", p, rng)})
+    return pd.DataFrame(rows)
+
+
+def test_comparisons_recover_known_differences_and_pair_the_ablation(tmp_path):
+    df = runs_frame(tmp_path, {"full": 0.8, "random": 0.5, "cluster": 0.5, "oracle": 0.8},
+                    ablation={"cluster": 0.5})
+    cmp = verdict.comparisons(df, 0.31, min_se=0.0, n_boot=500)
+    got = {(r.a, r.b): r for r in cmp.itertuples()}
+    assert set(got) >= {("cluster", "random"), ("oracle", "random"), ("cluster", "full"),
+                        ("random", "full"), ("cluster [balanced]", "cluster [random]")}
+    assert ("cluster", "oracle") not in got  # the oracle is a reference, never a contender
+    assert got[("oracle", "random")].diff == pytest.approx(0.3, abs=0.05)
+    assert got[("oracle", "random")].ci_low > 0.2
+    assert abs(got[("cluster", "random")].diff) < 0.05
+    assert got[("cluster", "random")].ci_low < 0 < got[("cluster", "random")].ci_high
+    assert got[("cluster", "full")].diff == pytest.approx(-0.3, abs=0.05)
+    assert got[("cluster", "random")].n_items == 600 and got[("cluster", "random")].n_seeds == 3
+
+
+def test_power_line_decides_between_inconclusive_and_a_real_negative(tmp_path):
+    strong = verdict.comparisons(runs_frame(tmp_path, {"random": 0.5, "cluster": 0.5,
+                                                      "oracle": 0.8}), 0.31, n_boot=500)
+    pw = verdict.power_lines(strong)
+    assert bool(pw.iloc[0]["clears"]) and pw.iloc[0]["mde"] < 0.3
+    tie = strong[(strong["a"] == "cluster") & (strong["b"] == "random")].iloc[0]
+    assert verdict.verdict_better(tie, True).startswith("not reproduced (tie")
+    weak = verdict.comparisons(runs_frame(tmp_path, {"random": 0.5, "cluster": 0.5,
+                                                    "oracle": 0.51}), 0.31, n_boot=500)
+    assert not bool(verdict.power_lines(weak).iloc[0]["clears"])
+    assert verdict.verdict_better(tie, False).startswith("inconclusive")
+    assert verdict.verdict_better({"ci_low": 0.01, "ci_high": 0.1}, False) == "reproduced"
+    assert "other is better" in verdict.verdict_better({"ci_low": -0.1, "ci_high": -0.01}, True)
+
+
+def test_near_full_is_an_equivalence_reading_of_the_interval():
+    assert verdict.verdict_near({"ci_low": -0.01, "ci_high": 0.02}, 0.02) == "reproduced"
+    assert verdict.verdict_near({"ci_low": -0.09, "ci_high": -0.03}, 0.02) == "not reproduced"
+    assert verdict.verdict_near({"ci_low": -0.05, "ci_high": 0.01}, 0.02).startswith("inconclusive")
+
+
+def test_claims_table_has_a_row_per_claim_and_the_diagnosis(tmp_path):
+    df = runs_frame(tmp_path, {"full": 0.8, "random": 0.5, "cluster": 0.5, "oracle": 0.8},
+                    ablation={"cluster": 0.5})
+    cmp = verdict.comparisons(df, 0.31, n_boot=300)
+    tt = pd.DataFrame([
+        {"dataset": "d", "model": "m", "method": "cluster", "fraction": 0.31, "gpus": g,
+         "distribution": dist, "epochs": "1", "precision": "fp32", "n_seeds": 1,
+         "wall_time_s_mean": w, "ratio_to_full": r, "imbalance_mean": 1.0}
+        for g, dist, w, r in ((4, "balanced", 9.0, 0.5), (4, "random", 10.0, 0.55))])
+    claims = verdict.claims_table(cmp, tt, pd.DataFrame(columns=["dataset", "model"]),
+                                  pd.DataFrame(columns=["dataset", "model", "budget"]),
+                                  {"claim_budget": 0.31, "near_full_tolerance": 0.02})
+    by = claims.groupby("claim")["verdict"].apply(list).to_dict()
+    assert by["accuracy kept at 31% of the data"] == ["not reproduced"]
+    assert by["better than usual selection"] == [
+        "not reproduced (tie; the benchmark can tell selections apart)"]
+    assert by["faster than the usual distribution at 4 GPUs"] == ["reproduced"]
+    assert by["power line (diagnosis)"] == ["the benchmark can tell selections apart"]
+    time_rows = claims[claims["claim"] == "training time cut"]["verdict"].tolist()
+    assert time_rows == ["vs 'reduced to 69.6%' (0.696): reproduced; vs '10 h to about 3 h' "
+                         "(0.300): not reproduced"] * 2
+
+
+def test_skill_recovery_and_label_counts_from_files(tmp_path):
+    ids = [f"x{i}" for i in range(12)]
+    truth = ["a"] * 6 + ["b"] * 4 + ["c"] * 2
+    clusters = [0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2]
+    write_parquet(tmp_path / "labels.parquet", pd.DataFrame({"id": ids, "label": truth}))
+    write_parquet(tmp_path / "c.parquet", pd.DataFrame({"id": ids[::-1],
+                                                        "cluster": clusters[::-1]}))
+    sr = verdict.skill_recovery([{"dataset": "d", "model": "m", "seed": 0, "features": "tfidf",
+                                  "clusters": str(tmp_path / "c.parquet"),
+                                  "labels": str(tmp_path / "labels.parquet")}])
+    want = cluster_agreement(np.array(clusters), np.array(truth))
+    assert sr.iloc[0]["ari"] == pytest.approx(want["ari"])
+    assert sr.iloc[0]["label_coverage"] == pytest.approx(want["label_coverage"])
+    write_parquet(tmp_path / "sel.parquet", pd.DataFrame({"id": ["x0", "x1", "x6"],
+                                                          "cluster": 0, "score": 0.0}))
+    lc = verdict.label_counts([{"dataset": "d", "model": "m", "method": "random",
+                                "budget": 0.25, "seed": 0,
+                                "selection": str(tmp_path / "sel.parquet")}],
+                              {"d": str(tmp_path / "labels.parquet")})
+    assert dict(zip(lc["label"], lc["n_selected"])) == {"a": 2, "b": 1, "c": 0}
+    ls = verdict.label_summary(lc).iloc[0]
+    assert ls["labels_missing"] == 1 and ls["n_labels"] == 3
+    # the rarer half (pool count below the median 4): label c, none selected; pool share 2/12
+    assert ls["rare_share"] == 0 and ls["rare_share_pool"] == pytest.approx(2 / 12)
