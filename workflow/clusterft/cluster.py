@@ -9,6 +9,16 @@ Empty clusters are refilled with the point farthest from its centroid. Cluster i
 numbered by decreasing size (ties: the cluster holding the earlier pool row first), so
 outputs do not depend on restart order.
 
+Two backends (``cluster.backend``): ``numpy`` is the reference implementation above
+(float64, exact k-means++); ``faiss`` runs ``faiss.Kmeans(spherical=True)`` (float32 BLAS,
+faiss's own k-means++ seeding, ``nredo = n_init``, ``niter = max_iter``, every point used:
+faiss's subsampling is off), then assigns, refills empty clusters, recomputes the
+centroids and numbers the clusters exactly as the reference does, so the files have the
+same format and id-order rules. On well-separated data both give the same labels; in
+general they are different local optima of the same objective (the seeding draws differ).
+The faiss backend runs on one thread (set inside the call and restored after), so its
+result depends on the seed only. benchmarks/bench_cluster.py times the two.
+
 ``run_cluster`` is the stage's file I/O edge: features.npy + scores.parquet (ids) in,
 clusters.parquet (id, cluster, centroid_sim) + centroids.npy out.
 """
@@ -34,30 +44,74 @@ DEFAULTS: dict = {
     "n_init": 10,
     # Maximum assignment/update rounds per restart (stops earlier when no label changes).
     "max_iter": 100,
+    # numpy (the reference implementation) or faiss (faiss.Kmeans(spherical=True), one thread,
+    # same seeding rule, refill and numbering; for large pools: see benchmarks/README.md).
+    "backend": "numpy",
 }
+
+BACKENDS = ("numpy", "faiss")
 
 
 def merge_cfg(cfg: dict | None) -> dict:
     """Return ``cfg`` merged over DEFAULTS; unknown keys and bad values raise InputError."""
     out = merge_section(DEFAULTS, cfg, "cluster")
-    for key in DEFAULTS:
+    for key in ("k", "n_init", "max_iter"):
         if int(out[key]) < 1:
             raise InputError(f"must be >= 1, got {out[key]}", field=f"cluster.{key}")
+    _check_backend(out["backend"])
     return out
 
 
-def _unit_rows(features: np.ndarray) -> np.ndarray:
-    x = np.asarray(features, dtype=np.float64)
+def _check_backend(backend: str):
+    """The faiss module for backend 'faiss', None for 'numpy'; anything else raises InputError."""
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}",
+                         field="cluster.backend")
+    if backend == "faiss":
+        try:
+            import faiss
+        except ImportError as e:
+            raise InputError(f"backend 'faiss' needs the faiss-cpu package, which does not "
+                             f"import here ({e}); pip install faiss-cpu (pinned in "
+                             "requirements/constraints.txt) or use backend: numpy",
+                             field="cluster.backend") from e
+        return faiss
+    return None
+
+
+def _unit_rows(features: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """L2-normalised rows as ``dtype`` (norms always taken in float64)."""
+    x = np.asarray(features)
     if x.ndim != 2 or len(x) == 0:
         raise InputError(f"features must be a non-empty [N, dim] array, got shape {x.shape}",
                          field="features")
+    x = np.array(x, dtype=dtype, order="C")  # a copy: normalised in place below
     if not np.all(np.isfinite(x)):
         raise InputError("features contain NaN or inf", field="features")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    if x.dtype == np.float64:
+        norms = np.linalg.norm(x, axis=1, keepdims=True)
+    else:
+        norms = np.concatenate([np.linalg.norm(x[i:i + 65536].astype(np.float64), axis=1)
+                                for i in range(0, len(x), 65536)])[:, None]
     if np.any(norms == 0):
         raise InputError(f"feature rows {np.flatnonzero(norms[:, 0] == 0)[:5].tolist()} are all "
                          "zero (no direction)", field="features")
-    return x / norms
+    x /= norms.astype(x.dtype)
+    return x
+
+
+def _distinct_rows(x: np.ndarray, at_least: int, chunk: int = 4096) -> int:
+    """Number of distinct rows (rounded to 6 decimals, as float64), counting only until
+    ``at_least`` are found: exact when it returns fewer, and O(k) rows on typical data
+    instead of a sort of the whole pool."""
+    seen: set[bytes] = set()
+    for start in range(0, len(x), chunk):
+        block = np.round(np.asarray(x[start:start + chunk], dtype=np.float64), 6) + 0.0  # -0 -> 0
+        for row in block:
+            seen.add(row.tobytes())
+            if len(seen) >= at_least:
+                return len(seen)
+    return len(seen)
 
 
 def _kmeanspp(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -139,24 +193,33 @@ def _canonical(labels: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, n
     return remap[labels], centroids[order]
 
 
-def cosine_kmeans(features: np.ndarray, k: int, seed: int = 0, n_init: int = 10,
-                  max_iter: int = 100) -> tuple[np.ndarray, np.ndarray]:
-    """Spherical k-means: (labels [N] int64 in 0..k-1, unit centroids [k, dim] float32).
-
-    Rows of ``features`` are L2-normalised first. Deterministic in ``seed``. Raises
-    InputError if ``k`` exceeds the number of (distinct) rows.
-    """
-    x = _unit_rows(features)
+def _check_k(x: np.ndarray, k: int) -> int:
     n, k = len(x), int(k)
     if k < 1:
         raise InputError(f"k must be >= 1, got {k}", field="cluster.k")
     if k > n:
         raise InputError(f"k = {k} clusters asked for only {n} examples; lower cluster.k",
                          field="cluster.k")
-    n_distinct = len(np.unique(np.round(x, 6), axis=0))
+    n_distinct = _distinct_rows(x, k)
     if k > n_distinct:
         raise InputError(f"k = {k} clusters asked for only {n_distinct} distinct feature rows; "
                          "lower cluster.k", field="cluster.k")
+    return k
+
+
+def cosine_kmeans(features: np.ndarray, k: int, seed: int = 0, n_init: int = 10,
+                  max_iter: int = 100, backend: str = "numpy") -> tuple[np.ndarray, np.ndarray]:
+    """Spherical k-means: (labels [N] int64 in 0..k-1, unit centroids [k, dim] float32).
+
+    Rows of ``features`` are L2-normalised first. Deterministic in ``seed`` (for either
+    ``backend``, see the module docstring). Raises InputError if ``k`` exceeds the number
+    of (distinct) rows, or for an unknown or unavailable backend.
+    """
+    faiss = _check_backend(backend)
+    if faiss is not None:
+        return _faiss_kmeans(faiss, features, k, seed, int(n_init), int(max_iter))
+    x = _unit_rows(features)
+    k = _check_k(x, k)
     rng = np.random.default_rng(seed)
     best = None
     for _ in range(int(n_init)):
@@ -167,10 +230,68 @@ def cosine_kmeans(features: np.ndarray, k: int, seed: int = 0, n_init: int = 10,
     return labels.astype(np.int64), centroids.astype(np.float32)
 
 
+def _faiss_kmeans(faiss, features: np.ndarray, k: int, seed: int, n_init: int,
+                  max_iter: int) -> tuple[np.ndarray, np.ndarray]:
+    """cosine_kmeans with faiss.Kmeans(spherical=True) on one thread, then the reference's
+    final assignment, empty-cluster refill, centroid update and canonical numbering."""
+    x = _unit_rows(features, np.float32)
+    k = _check_k(x, k)
+    n, dim = x.shape
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)  # float sums in a fixed order: the result depends on seed only
+    try:
+        km = faiss.Kmeans(dim, k, niter=max_iter, nredo=n_init, spherical=True,
+                          seed=int(seed) % 2**31, verbose=False,
+                          init_method=faiss.ClusteringInitMethod_KMEANS_PLUS_PLUS,
+                          min_points_per_centroid=1,  # no "too few points" warning
+                          max_points_per_centroid=n // k + 1)  # no subsampling: every row counts
+        km.train(x)
+        index = faiss.IndexFlatIP(dim)
+        index.add(np.ascontiguousarray(km.centroids, dtype=np.float32))
+        sims, nearest = index.search(x, 1)
+    finally:
+        faiss.omp_set_num_threads(threads)
+    labels, own = nearest[:, 0].astype(np.int64), sims[:, 0].astype(np.float64)
+    counts = np.bincount(labels, minlength=k)
+    empty = np.flatnonzero(counts == 0)
+    if len(empty):
+        for c, row in zip(empty, _farthest_movable(own, labels, counts, len(empty))):
+            counts[labels[row]] -= 1
+            labels[row] = c
+            counts[c] += 1
+    centroids = _normalize_centroids(_member_sums(x, labels, k), x, labels)
+    labels, centroids = _canonical(labels, centroids)
+    return labels, centroids.astype(np.float32)
+
+
+def _member_sums(x: np.ndarray, labels: np.ndarray, k: int, chunk: int = 65536) -> np.ndarray:
+    """[k, dim] float64 sums of the rows of each cluster, in row blocks (bounded memory)."""
+    from scipy import sparse
+
+    sums = np.zeros((k, x.shape[1]))
+    for start in range(0, len(x), chunk):
+        lab = labels[start:start + chunk]
+        onehot = sparse.csr_matrix((np.ones(len(lab)), (lab, np.arange(len(lab)))),
+                                   shape=(k, len(lab)))
+        sums += onehot @ np.asarray(x[start:start + chunk], dtype=np.float64)
+    return sums
+
+
+def _centroid_sims(x: np.ndarray, labels: np.ndarray, centroids: np.ndarray,
+                   chunk: int = 65536) -> np.ndarray:
+    """Cosine of each row with its centroid, float64, in row blocks (bounded memory)."""
+    c = centroids.astype(np.float64)
+    out = np.empty(len(x))
+    for start in range(0, len(x), chunk):
+        unit = _unit_rows(x[start:start + chunk])
+        out[start:start + chunk] = (unit * c[labels[start:start + chunk]]).sum(1)
+    return out
+
+
 def run_cluster(features: str | os.PathLike, scores: str | os.PathLike, cfg: dict | None,
                 out_clusters: str | os.PathLike, out_centroids: str | os.PathLike,
                 seed: int = 0) -> dict:
-    """Stage `cluster`: cosine k-means (cfg: k, n_init, max_iter) of features.npy.
+    """Stage `cluster`: cosine k-means (cfg: k, n_init, max_iter, backend) of features.npy.
 
     Ids come from scores.parquet (same row order). Writes clusters.parquet with ``id``,
     ``cluster`` and ``centroid_sim`` (cosine of the row with its centroid, used by
@@ -206,11 +327,10 @@ def run_cluster(features: str | os.PathLike, scores: str | os.PathLike, cfg: dic
                          "the same score run", path=str(scores))
     try:
         labels, centroids = cosine_kmeans(x, int(cfg["k"]), seed, int(cfg["n_init"]),
-                                          int(cfg["max_iter"]))
+                                          int(cfg["max_iter"]), backend=cfg["backend"])
     except InputError as e:
         raise InputError(str(e), path=str(features)) from e
-    unit = _unit_rows(x)
-    sim = (unit * centroids.astype(np.float64)[labels]).sum(1)
+    sim = _centroid_sims(x, labels, centroids)
     write_parquet(out_clusters, pd.DataFrame({"id": df["id"].astype(str).to_numpy(),
                                               "cluster": labels, "centroid_sim": sim}))
     save_npy(out_centroids, centroids)
