@@ -36,6 +36,14 @@ Pipeline (``compute_features``):
    the sum of them: rows stay unit-norm, the features are ``K * dim`` wide, and the cosine
    of two rows is exactly LESS's lr-weighted sum of per-checkpoint cosines
    (``combine_checkpoints``).
+   ``projection: kronecker`` (LoGra, Choe et al. 2024; ``clusterft.projection``) instead
+   projects each LoRA matrix's gradient ``dW = sum_t dy_t x_t^T`` with two small seeded
+   factors to the block ``P_out^T dW P_in``, computed from the projected ``x`` and ``dy``
+   (the hook path never forms ``dW``): memory and time per example no longer grow with
+   ``D * dim``, the blocks (``dim`` entries in all, an equal share per matrix, the rule in
+   ``clusterft.projection``) have the dense projection's inner products in expectation.
+   It cannot give the Adam direction (elementwise in ``dW``; refused), and its
+   ``grad_norm`` is the projected row's norm (see 5).
 5. **Scalar score** per example: LESS's influence estimate with the pool itself as the
    target set, i.e. the mean cosine similarity between the example's projected gradient
    and every OTHER pool example's: ``score_i = (f_i . sum_j f_j - 1) / (N - 1)``. High
@@ -43,7 +51,9 @@ Pipeline (``compute_features``):
    examples); low or negative means atypical or conflicting ones. ``grad_norm`` is the L2
    norm of the unprojected per-example vector (the raw gradient, or the Adam direction
    with ``gradient_type: adam``) at the last checkpoint; LESS normalises it away because it
-   is larger for short responses.
+   is larger for short responses. With ``projection: kronecker`` it is the norm of the
+   projected row before normalisation (the unprojected gradient is never formed), whose
+   square estimates the gradient's squared norm without bias.
 
 6. **Target features** (optional, ``targets``: the benchmark tasks' validation examples,
    ``clusterft.targets.val_records``; for LESS, ``clusterft.targets.less_scores``): after
@@ -128,7 +138,13 @@ DEFAULTS: dict = {
     # Gradient that is projected: sgd (the raw loss gradient) or adam (LESS's
     # Adam-preconditioned direction from the warm-up optimiser's moments).
     "gradient_type": "sgd",
-    # Random projection: rademacher (+-1/sqrt(dim)) or gaussian (N(0, 1/dim)).
+    # Random projection: rademacher (+-1/sqrt(dim)) or gaussian (N(0, 1/dim)), dense
+    # [D, dim] matrices; or kronecker (LoGra): per LoRA matrix two small seeded +-1 factors
+    # P_out, P_in and the block P_out^T dW P_in formed from the projected layer inputs and
+    # output gradients, so time and memory do not grow with D * dim (dim entries in all, an
+    # equal share per matrix: clusterft.projection). Same inner products in expectation;
+    # not with gradient_type adam (elementwise in dW); grad_norm is then the projected
+    # row's norm, an estimate.
     "projection": "rademacher",
     # Attention kernel while scoring: eager, sdpa, or null (keep the model's, sdpa for HF
     # Llama). The two give the same features up to float rounding; which is faster depends
@@ -153,7 +169,8 @@ RESUMABLE_ACROSS = ("checkpoint_every", "num_threads")
 
 METHODS = ("hook", "func")
 GRADIENT_TYPES = ("sgd", "adam")
-PROJECTIONS = ("rademacher", "gaussian")
+DENSE_PROJECTIONS = ("rademacher", "gaussian")
+PROJECTIONS = (*DENSE_PROJECTIONS, "kronecker")
 ATTN = (None, "eager", "sdpa")
 PROJECTION_CHUNK_ROWS = 4096  # fixed: part of the definition of the projection matrix
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
@@ -170,6 +187,12 @@ def merge_cfg(cfg: dict | None) -> dict:
     for key in ("dim", "batch_size", "max_length"):
         if int(out[key]) < 1:
             raise InputError(f"must be >= 1, got {out[key]}", field=f"score.{key}")
+    if out["projection"] == "kronecker" and out["gradient_type"] == "adam":
+        raise InputError("projection 'kronecker' cannot give gradient_type 'adam': LESS's "
+                         "Adam direction divides each weight's gradient elementwise by "
+                         "sqrt(v), which has no Kronecker (P_out^T dW P_in) form, so it "
+                         "needs the whole per-example gradient; use projection rademacher "
+                         "or gaussian with adam", field="score.projection")
     if int(out["warmup_checkpoints"]) < 1:
         raise InputError(f"must be >= 1, got {out['warmup_checkpoints']}",
                          field="score.warmup_checkpoints")
@@ -443,8 +466,10 @@ def _check_right_padded(batch: dict) -> None:
         raise ValueError("per-example gradients need right-padded batches")
 
 
-def grads_hook(model, batch: dict):
-    """Per-example LoRA gradients [B, D] from one batched forward/backward (hook method).
+def _hook_capture(model, batch: dict) -> tuple[list[tuple[str, str]], dict[str, list]]:
+    """One batched forward/backward for the hook method: (plan, calls). ``plan``: (module
+    name, "weight"|"bias") per trainable parameter, in parameter order; ``calls``: module
+    name -> one (input x, output gradient dy) per call of the module in the forward pass.
 
     Every trainable parameter must be the weight (or bias) of an ``nn.Linear`` (peft LoRA
     linear adapters); anything else raises (use ``method: func``).
@@ -482,16 +507,49 @@ def grads_hook(model, batch: dict):
         raise RuntimeError("no LoRA layer ran in the forward pass")
     outs = [captured[m][i][1] for m, i in keys]
     gouts = dict(zip(keys, torch.autograd.grad(loss, outs)))
+    return plan, {m: [(x, gouts[(m, i)]) for i, (x, _) in enumerate(captured[m])]
+                  for m in captured}
+
+
+def _as_3d(t):
+    return t.reshape(t.shape[0], -1, t.shape[-1])
+
+
+def grads_hook(model, batch: dict):
+    """Per-example LoRA gradients [B, D] from one batched forward/backward (hook method):
+    ``dW[b] = einsum("bto,bti->boi", dy, x)`` per LoRA linear layer (``_hook_capture``)."""
+    import torch
+
+    plan, calls = _hook_capture(model, batch)
     cols = []
     for mod_name, attr in plan:
         g = None
-        for i, (x, _) in enumerate(captured[mod_name]):
-            dy = gouts[(mod_name, i)]
-            x3, dy3 = x.reshape(x.shape[0], -1, x.shape[-1]), dy.reshape(dy.shape[0], -1, dy.shape[-1])
+        for x, dy in calls[mod_name]:
+            x3, dy3 = _as_3d(x), _as_3d(dy)
             gi = (torch.einsum("bto,bti->boi", dy3, x3) if attr == "weight" else dy3.sum(1))
             g = gi if g is None else g + gi
         cols.append(g.reshape(g.shape[0], -1))
     return torch.cat(cols, dim=1).detach()
+
+
+def grads_hook_kronecker(model, batch: dict, proj):
+    """Kronecker-projected per-example LoRA gradients [B, proj.dim] (float32) from the hook
+    method's captured factors: each layer's ``x`` and ``dy`` go to
+    ``proj.project_layer`` (``clusterft.projection.KroneckerProjector``), which projects
+    them before their product over tokens, so no per-example [d_out, d_in] gradient is
+    formed. Equal to ``proj(grads_hook(model, batch))`` up to float rounding."""
+    import torch
+
+    plan, calls = _hook_capture(model, batch)
+    parts = []
+    with torch.no_grad():
+        for i, (mod_name, attr) in enumerate(plan):
+            block = None
+            for x, dy in calls[mod_name]:
+                bi = proj.project_layer(i, _as_3d(x) if attr == "weight" else None, _as_3d(dy))
+                block = bi if block is None else block + bi
+            parts.append(block)
+        return proj.finish(parts)
 
 
 def grads_func(model, batch: dict):
@@ -566,8 +624,10 @@ class Projector:
 
     def __init__(self, d: int, dim: int, seed: int, kind: str = "rademacher",
                  device: str = "cpu", cache_bytes: int = 1 << 30) -> None:
-        if kind not in PROJECTIONS:
-            raise InputError(f"unknown projection '{kind}'; valid: {', '.join(PROJECTIONS)}",
+        if kind not in DENSE_PROJECTIONS:
+            raise InputError(f"unknown dense projection '{kind}'; valid: "
+                             f"{', '.join(DENSE_PROJECTIONS)} (kronecker: "
+                             "clusterft.projection.KroneckerProjector)",
                              field="score.projection")
         if seed < 0:
             raise InputError(f"seed must be >= 0, got {seed}", field="seed")
@@ -611,6 +671,42 @@ class Projector:
             part = g[:, lo:lo + PROJECTION_CHUNK_ROWS] @ self.chunk(c)
             out = part if out is None else out + part
         return out
+
+
+def make_projector(model, cfg: dict, seed: int, device: Any = "cpu"):
+    """The projection ``cfg["projection"]`` names for ``model``'s LoRA parameters: a dense
+    :class:`Projector` [D, dim], or a ``clusterft.projection.KroneckerProjector`` over their
+    shapes (in ``lora_parameters`` order)."""
+    params = lora_parameters(model)
+    if cfg["projection"] == "kronecker":
+        from .projection import KroneckerProjector
+
+        return KroneckerProjector([tuple(p.shape) for _, p in params], int(cfg["dim"]), seed,
+                                  device)
+    return Projector(sum(p.numel() for _, p in params), int(cfg["dim"]), seed,
+                     cfg["projection"], device)
+
+
+def project_batch(model, batch: dict, cfg: dict, proj, moments=None):
+    """(projected rows [B, dim] float32, grad norms [B]) of one batch.
+
+    Dense: the per-example gradients (``cfg["method"]``), Adam directions when ``moments``
+    (exp_avg, exp_avg_sq) are given, their norms and ``proj`` of them. Kronecker: with
+    method hook the blocks straight from the captured factors (:func:`grads_hook_kronecker`),
+    otherwise ``proj`` of the formed gradients; the norms are the projected rows' (the
+    gradient is not formed; ``E|f|^2 = |g|^2``).
+    """
+    if cfg["projection"] == "kronecker":
+        if moments is not None:
+            raise InputError("projection 'kronecker' cannot give the Adam direction",
+                             field="score.projection")
+        rows = (grads_hook_kronecker(model, batch, proj) if cfg["method"] == "hook"
+                else proj(per_example_grads(model, batch, cfg["method"])))
+        return rows, rows.norm(dim=1)
+    g = per_example_grads(model, batch, cfg["method"])
+    if moments is not None:
+        g = adam_direction(g, *moments)
+    return proj(g), g.norm(dim=1)
 
 
 def l2_normalize(x: np.ndarray) -> np.ndarray:
@@ -741,9 +837,9 @@ def _target_pass(pmodel, encoded: Sequence[dict], checkpoints: Sequence[dict], p
             idx = order[lo:lo + bs]
             batch = {key: v.to(device) for key, v in
                      collate([encoded[i] for i in idx], pad_id).items()}
-            g = per_example_grads(pmodel, batch, cfg["method"])  # LESS: SGD for targets
-            norms[k, idx] = g.norm(dim=1).cpu().numpy()
-            projected[k, idx] = proj(g).cpu().numpy()
+            rows, nrm = project_batch(pmodel, batch, cfg, proj)  # LESS: SGD for targets
+            norms[k, idx] = nrm.cpu().numpy()
+            projected[k, idx] = rows.cpu().numpy()
     return projected, norms
 
 
@@ -773,6 +869,9 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
         for p in model.parameters():
             p.requires_grad_(False)
         pmodel = lora.add_lora(model, cfg["lora"], "score.lora", seed)
+        # Before the warm-up, so a dim that kronecker cannot split fails at once (the
+        # matrices come from numpy streams of their own: no torch RNG is drawn).
+        proj = make_projector(pmodel, cfg, seed, device)
         info = warmup_lora(pmodel, encoded, cfg, seed, pad_id, ckpt=ckpt)
         t_warm = time.perf_counter() - t0
         if cfg["gradient_type"] == "adam" and info["exp_avg"] is None:
@@ -780,7 +879,6 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
                              field="score.gradient_type")
         pmodel.eval()
         d = sum(p.numel() for _, p in lora_parameters(pmodel))
-        proj = Projector(d, int(cfg["dim"]), seed, cfg["projection"], device)
         order = np.argsort([e["length"] for e in encoded], kind="stable")
         bs, n = int(cfg["batch_size"]), len(encoded)
         checkpoints = info["checkpoints"]
@@ -803,17 +901,16 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
                   disable=left <= 1) as pace:
             for k in range(k0, n_ckpt):
                 _set_lora(pmodel, checkpoints[k]["lora"])
-                if cfg["gradient_type"] == "adam":
-                    m, v = (checkpoints[k][key].to(device) for key in ("exp_avg", "exp_avg_sq"))
+                moments = (tuple(checkpoints[k][key].to(device)
+                                 for key in ("exp_avg", "exp_avg_sq"))
+                           if cfg["gradient_type"] == "adam" else None)
                 for lo in range(start if k == k0 else 0, n, bs):
                     idx = order[lo:lo + bs]
                     batch = {key: v_.to(device) for key, v_ in
                              collate([encoded[i] for i in idx], pad_id).items()}
-                    g = per_example_grads(pmodel, batch, cfg["method"])
-                    if cfg["gradient_type"] == "adam":
-                        g = adam_direction(g, m, v)
-                    norms[k, idx] = g.norm(dim=1).cpu().numpy()
-                    projected[k, idx] = proj(g).cpu().numpy()
+                    rows, nrm = project_batch(pmodel, batch, cfg, proj, moments)
+                    norms[k, idx] = nrm.cpu().numpy()
+                    projected[k, idx] = rows.cpu().numpy()
                     refuse_rows(idx[~np.isfinite(projected[k, idx]).all(1)],
                                 "non-finite gradients",
                                 "the warm-up diverged or the model overflows", examples, cfg)
@@ -853,6 +950,9 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
         info.pop(key, None)
     info.update({"n": len(encoded), "truncated": n_trunc, "lora_dim": d,
                  "dim": int(features.shape[1]), "projection_dim": int(cfg["dim"]),
+                 "projection": cfg["projection"],
+                 **({"projection_blocks": proj.blocks(), "projection_pad": proj.pad}
+                    if cfg["projection"] == "kronecker" else {}),
                  "checkpoint_steps": [int(c["step"]) for c in checkpoints],
                  "checkpoint_weights": weights, "method": cfg["method"], "device": device,
                  "warmup_seconds": round(t_warm, 2),
