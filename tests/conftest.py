@@ -130,3 +130,15 @@ def prepared_root(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
                                       root / ds / "labels.parquet", root / "bench", seed=0)
                  for ds, cfg in PREPARED_SIZES.items()}
     return root, summaries
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a test module: the tiny models run several times faster on 1
+    thread than on 2 shared cores (modules opt in with pytest.mark.usefixtures)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft.cluster import DEFAULTS, cluster_agreement, cosine_kmeans, run_cluster
+from clusterft.cluster import DEFAULTS, cosine_kmeans, run_cluster
+from clusterft.stats import cluster_agreement
 from clusterft.errors import InputError
 
 

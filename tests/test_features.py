@@ -19,13 +19,8 @@ from clusterft.tokenize import encode_example
 EMB = {"batch_size": 8, "max_length": 64, "device": "cpu"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tiny models run several times faster on 1 thread than on 2 shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The tiny models run several times faster on 1 thread than on 2 shared cores.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +232,8 @@ def written(tmp_path_factory, tiny_model_dir, tiny_pool_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_run_features_then_cluster(kind, written, tiny_pool, tiny_pool_labels, tiny_model_dir):
-    from clusterft.cluster import cluster_agreement, run_cluster
+    from clusterft.cluster import run_cluster
+    from clusterft.stats import cluster_agreement
 
     d, info = written[kind]
     f = np.load(d / "features.npy")

@@ -23,13 +23,8 @@ FAST = {"dim": 64, "batch_size": 8, "max_length": 64, "warmup_steps": 4, "warmup
 LORA_FAST = {**LORA, **FAST["lora"]}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tiny models run several times faster on 1 thread than on 2 shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The tiny models run several times faster on 1 thread than on 2 shared cores.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

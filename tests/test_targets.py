@@ -9,7 +9,6 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from clusterft import provenance
 from clusterft.data import run_prepare_data
@@ -27,13 +26,8 @@ FAST = {"dim": 32, "batch_size": 8, "max_length": 64, "warmup_steps": 4, "warmup
 EMB = {"batch_size": 8, "max_length": 64, "device": "cpu"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny models run several times faster on 1 thread than on 2 shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The tiny models run several times faster on 1 thread than on 2 shared cores.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def unit(*rows) -> np.ndarray:

@@ -33,7 +33,7 @@ import numpy as np
 from . import provenance
 from .sections import merge_section
 from .errors import InputError
-from .stats import cluster_agreement  # noqa: F401  (re-exported: the cluster stage's check)
+from .rows import load_rows
 
 log = logging.getLogger(__name__)
 
@@ -307,24 +307,7 @@ def run_cluster(features: str | os.PathLike, scores: str | os.PathLike, cfg: dic
         if not os.path.exists(p):
             raise InputError("file does not exist", path=str(p))
     checked = provenance.check_inputs({"features": features, "scores": scores}, "cluster")
-    try:
-        x = np.load(features)
-    except ValueError as e:
-        raise InputError(f"not a .npy array ({e})", path=str(features)) from e
-    if x.ndim != 2:
-        raise InputError(f"features must be a 2-D array [examples, dim], got shape {x.shape}",
-                         path=str(features))
-    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
-    if len(bad):
-        raise InputError(f"{len(bad)} rows hold NaN or infinite values (rows "
-                         f"{bad[:5].tolist()}): the score run that wrote them diverged; rerun "
-                         "score (lower score.warmup_lr)", path=str(features))
-    df = pd.read_parquet(scores)
-    if "id" not in df.columns:
-        raise InputError("no 'id' column", path=str(scores), field="id")
-    if len(df) != len(x):
-        raise InputError(f"{len(df)} rows but features.npy has {len(x)}; they must come from "
-                         "the same score run", path=str(scores))
+    x, df = load_rows(features, scores)
     try:
         labels, centroids = cosine_kmeans(x, int(cfg["k"]), seed, int(cfg["n_init"]),
                                           int(cfg["max_iter"]), backend=cfg["backend"])

@@ -59,6 +59,7 @@ import numpy as np
 from . import provenance
 from .distributed import DEVICES, resolve_device
 from .errors import InputError
+from .rows import pool_scores
 from .pool import load_pool
 from .sections import merge_section
 
@@ -133,16 +134,6 @@ def normalize_rows(x: np.ndarray, examples: Sequence[dict], why: str) -> np.ndar
     return (x / norms).astype(np.float32)
 
 
-def pool_scores(features: np.ndarray) -> np.ndarray:
-    """Mean cosine of each unit row with every other row ([N] float32): score's formula
-    ``(f_i . sum_j f_j - 1) / (N - 1)`` (a stage module may not import another stage)."""
-    n = len(features)
-    if n < 2:
-        return np.zeros(n, dtype=np.float32)
-    f = features.astype(np.float64)
-    return ((f @ f.sum(0) - 1.0) / (n - 1)).astype(np.float32)
-
-
 # --------------------------------------------------------------------------- embedding
 
 def _base_model(model):
@@ -161,7 +152,7 @@ def embedding_features(model, tokenizer, examples: Sequence[dict], cfg: dict | N
     """
     import torch
 
-    from .tokenize import collate, encode_example
+    from .tokenize import collate, encode_truncated
 
     cfg = merge_cfg(cfg)
     if len(examples) == 0:
@@ -169,17 +160,7 @@ def embedding_features(model, tokenizer, examples: Sequence[dict], cfg: dict | N
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
         raise InputError("tokenizer has no pad token", field="model")
-    encoded = []
-    for i, ex in enumerate(examples):
-        try:
-            encoded.append(encode_example(tokenizer, ex.get("messages"), int(cfg["max_length"]),
-                                          "truncate"))
-        except InputError as e:
-            raise InputError(f"example {i} (id {ex.get('id')!r}): {e}", field="messages") from e
-    n_trunc = sum(bool(e["truncated"]) for e in encoded)
-    if n_trunc:
-        log.warning("%d of %d examples truncated to max_length=%d", n_trunc, len(encoded),
-                    cfg["max_length"])
+    encoded, _ = encode_truncated(tokenizer, examples, int(cfg["max_length"]))
     device = resolve_device(cfg["device"], "features.device")
     base = _base_model(model)
     first = next(model.parameters(), None)

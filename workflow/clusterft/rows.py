@@ -1,9 +1,43 @@
-"""Row operations shared by every feature kind (gradient, embedding, tfidf, loss trajectory):
-the scalar pool score the selection's ``within: score`` rule and the report read."""
+"""Row files shared by every feature kind (gradient, embedding, tfidf, loss trajectory): an
+[N, d] array in pool order beside the score run's scores.parquet (its ids), and the scalar
+pool score the selection's ``within: score`` rule reads."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+from .errors import InputError
+
+
+def load_rows(array: str | os.PathLike, scores: str | os.PathLike, what: str = "features"):
+    """(rows [N, d], scores table with ``id``) of one score run, checked: both exist, the
+    array is 2-D and finite, the table has ids and one per row."""
+    import pandas as pd
+
+    for p in (array, scores):
+        if not os.path.exists(p):
+            raise InputError("file does not exist", path=str(p))
+    try:
+        x = np.load(array)
+    except ValueError as e:
+        raise InputError(f"not a .npy array ({e})", path=str(array)) from e
+    if x.ndim != 2:
+        raise InputError(f"{what} must be a 2-D array [examples, dim], got shape {x.shape}",
+                         path=str(array))
+    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+    if len(bad):
+        raise InputError(f"{len(bad)} rows hold NaN or infinite values (rows "
+                         f"{bad[:5].tolist()}): the score run that wrote them diverged; rerun "
+                         "score (lower score.warmup_lr)", path=str(array))
+    df = pd.read_parquet(scores)
+    if "id" not in df.columns:
+        raise InputError("no 'id' column", path=str(scores), field="id")
+    if len(df) != len(x):
+        raise InputError(f"{len(df)} rows but {os.path.basename(array)} has {len(x)}; they must "
+                         "come from the same score run", path=str(scores))
+    return x, df
 
 
 def pool_scores(features: np.ndarray) -> np.ndarray:

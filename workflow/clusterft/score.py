@@ -89,6 +89,7 @@ from . import lora, provenance
 from .sections import merge_section
 from .distributed import resolve_device
 from .errors import InputError
+from .rows import pool_scores
 from .lora import DEFAULTS as LORA_DEFAULTS
 from .pool import load_pool
 from .targets import resolve_targets, target_table
@@ -718,15 +719,6 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return (x / norms).astype(np.float32)
 
 
-def pool_scores(features: np.ndarray) -> np.ndarray:
-    """Mean cosine similarity of each normalised row with every other row ([N] float32)."""
-    n = len(features)
-    if n < 2:
-        return np.zeros(n, dtype=np.float32)
-    total = features.astype(np.float64).sum(0)
-    return ((features.astype(np.float64) @ total - 1.0) / (n - 1)).astype(np.float32)
-
-
 # --------------------------------------------------------------------------- features
 
 def compute_features_info(model, tokenizer, examples: Sequence[dict], cfg: dict | None,
@@ -804,21 +796,9 @@ def score_fingerprint(cfg: dict, seed: int, model_digest: str, pool_digest: str)
 
 def _encode_all(tokenizer, examples: Sequence[dict], cfg: dict, what: str = "examples"
                 ) -> tuple[list[dict], int]:
-    from .tokenize import encode_example
+    from .tokenize import encode_truncated
 
-    encoded = []
-    for i, ex in enumerate(examples):
-        try:
-            encoded.append(encode_example(tokenizer, ex.get("messages"), int(cfg["max_length"]),
-                                          "truncate"))
-        except InputError as e:
-            raise InputError(f"{what[:-1]} {i} (id {ex.get('id')!r}): {e}",
-                             field="messages") from e
-    n_trunc = sum(bool(e["truncated"]) for e in encoded)
-    if n_trunc:
-        log.warning("%d of %d %s truncated to max_length=%d", n_trunc, len(encoded), what,
-                    cfg["max_length"])
-    return encoded, n_trunc
+    return encode_truncated(tokenizer, examples, int(cfg["max_length"]), what)
 
 
 def _target_pass(pmodel, encoded: Sequence[dict], checkpoints: Sequence[dict], proj,

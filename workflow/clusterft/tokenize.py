@@ -109,6 +109,28 @@ def encode_records(tokenizer, records: Sequence[dict], max_length: int,
     return kept, rejected
 
 
+def encode_truncated(tokenizer, examples: Sequence[dict], max_length: int,
+                     what: str = "examples") -> tuple[list[dict], int]:
+    """Encode every example, cutting over-long ones (scoring and feature passes see the whole
+    pool); returns (encoded, how many were truncated) and logs that count. Errors name the
+    example's position and id."""
+    import logging
+
+    encoded = []
+    for i, ex in enumerate(examples):
+        try:
+            encoded.append(encode_example(tokenizer, ex.get("messages"), int(max_length),
+                                          "truncate"))
+        except InputError as e:
+            raise InputError(f"{what[:-1]} {i} (id {ex.get('id')!r}): {e}",
+                             field="messages") from e
+    n_trunc = sum(bool(e["truncated"]) for e in encoded)
+    if n_trunc:
+        logging.getLogger(__name__).warning("%d of %d %s truncated to max_length=%d", n_trunc,
+                                            len(encoded), what, int(max_length))
+    return encoded, n_trunc
+
+
 def check_length_policy(tokenizer, records: Sequence[dict], max_length: int, policy: str,
                         where: str) -> dict[str, int]:
     """Apply train's over-long policy to a whole pool before any expensive stage.

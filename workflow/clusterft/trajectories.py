@@ -23,7 +23,7 @@ import numpy as np
 
 from . import provenance
 from .errors import InputError
-from .rows import pool_scores
+from .rows import load_rows, pool_scores
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +64,7 @@ def run_loss_features(trajectories: str | os.PathLike, scores: str | os.PathLike
             raise InputError("file does not exist", path=str(p))
     checked = provenance.check_inputs({"trajectories": trajectories, "scores": scores},
                                       "loss_features")
-    try:
-        t = np.load(trajectories)
-    except ValueError as e:
-        raise InputError(f"not a .npy array ({e})", path=str(trajectories)) from e
-    df = pd.read_parquet(scores)
-    if "id" not in df.columns:
-        raise InputError("no 'id' column", path=str(scores), field="id")
-    if len(df) != len(t):
-        raise InputError(f"{len(df)} rows but {trajectories} has {len(t)}; both must come "
-                         "from the same score run", path=str(scores))
+    t, df = load_rows(trajectories, scores, "trajectories")
     ids = df["id"].astype(str).to_numpy()
     try:
         f = loss_trajectory_features(t, ids)
