@@ -35,7 +35,8 @@ for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from clusterft.cluster import cluster_agreement, cosine_kmeans  # noqa: E402
+from clusterft.cluster import cosine_kmeans  # noqa: E402
+from clusterft.stats import cluster_agreement  # noqa: E402
 
 BACKENDS = ("numpy", "faiss")
 
