@@ -332,3 +332,17 @@ def test_run_features_embedding_targets(prepared_skills, tiny_model_dir, tmp_pat
     # and the rule runs on them: RDS+ takes a pool example per task in turn
     sel = rds_round_robin(f, t, ids["task"].tolist(), 6)
     assert len(sel) == 6 and len(set(sel.tolist())) == 6
+
+
+def test_no_validation_examples_write_empty_target_files(tmp_path):
+    from clusterft.targets import check_outputs, write_outputs
+
+    check_outputs(None, tmp_path / "t.npy", tmp_path / "t.parquet")  # empty files: allowed
+    with pytest.raises(InputError, match="targets needs out_targets"):
+        check_outputs(("items", ["t"]), None, None)
+    with pytest.raises(InputError, match="targets needs out_targets"):
+        check_outputs(None, tmp_path / "t.npy", None)
+    out = write_outputs(tmp_path / "t.npy", tmp_path / "t.parquet", None, None, [], 12)
+    assert out == {"targets": tmp_path / "t.npy", "target_ids": tmp_path / "t.parquet"}
+    assert np.load(tmp_path / "t.npy").shape == (0, 12)
+    assert pd.read_parquet(tmp_path / "t.parquet").empty

@@ -280,16 +280,12 @@ def run_features(kind: str, pool: str | os.PathLike, out_features: str | os.Path
     import pandas as pd
 
     from .io import save_npy, set_offline_env, write_parquet
-    from .targets import resolve_targets, target_table
+    from .targets import check_outputs, resolve_targets, write_outputs
 
     set_offline_env()
     _check_kind(kind)
     cfg = merge_cfg(cfg)
-    if (out_targets is None) != (out_target_ids is None) or (
-            targets is not None and out_targets is None):
-        raise InputError("targets needs out_targets and out_target_ids (given without "
-                         "targets, they are written empty: no validation examples)",
-                         field="targets")
+    check_outputs(targets, out_targets, out_target_ids)
     if (targets is not None or out_targets is not None) and kind != "embedding":
         raise InputError(f"target features are made for kind 'embedding' only, not '{kind}'",
                          field="targets")
@@ -320,11 +316,9 @@ def run_features(kind: str, pool: str | os.PathLike, out_features: str | os.Path
                                             "score": pool_scores(features).astype(np.float64),
                                             "grad_norm": np.full(len(records), np.nan)}))
     outputs = {"features": out_features, "scores": out_scores}
-    if out_targets is not None:  # none: [0, dim] and an empty table (select says why)
-        save_npy(out_targets, target_rows if target_rows is not None
-                 else np.zeros((0, features.shape[1]), np.float32))
-        write_parquet(out_target_ids, target_table(t_records or [], t_tasks))
-        outputs.update(targets=out_targets, target_ids=out_target_ids)
+    if out_targets is not None:
+        outputs.update(write_outputs(out_targets, out_target_ids, target_rows, t_records,
+                                     t_tasks, features.shape[1]))
     provenance.write(outputs, f"features-{kind}", checked, inherit=("pool", "model", "items"),
                      run_key="score_run", config={"kind": kind, **cfg}, seed=seed)
     info = {"kind": kind, "n": len(records), "dim": int(features.shape[1]),

@@ -92,7 +92,7 @@ from .errors import InputError
 from .rows import pool_scores
 from .lora import DEFAULTS as LORA_DEFAULTS
 from .pool import load_pool
-from .targets import resolve_targets, target_table
+from .targets import check_outputs, resolve_targets, write_outputs
 
 log = logging.getLogger(__name__)
 
@@ -1021,11 +1021,7 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
 
     set_offline_env()
     cfg = merge_cfg(cfg)
-    if (out_targets is None) != (out_target_ids is None) or (
-            targets is not None and out_targets is None):
-        raise InputError("targets needs out_targets and out_target_ids (given without "
-                         "targets, they are written empty: no validation examples)",
-                         field="targets")
+    check_outputs(targets, out_targets, out_target_ids)
     if threads and not cfg["num_threads"]:
         torch.set_num_threads(int(threads))
     records = load_pool(pool)
@@ -1056,12 +1052,10 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
     if out_trajectories is not None:
         save_npy(out_trajectories, trajectories)
         outputs["trajectories"] = out_trajectories
-    if out_targets is not None:  # none: [0, width] and an empty table (select says why)
-        tf = info.pop("target_features", None)
-        save_npy(out_targets, tf if tf is not None else np.zeros((0, features.shape[1]),
-                                                                 np.float32))
-        write_parquet(out_target_ids, target_table(t_records or [], t_tasks))
-        outputs.update(targets=out_targets, target_ids=out_target_ids)
+    if out_targets is not None:
+        outputs.update(write_outputs(out_targets, out_target_ids,
+                                     info.pop("target_features", None), t_records, t_tasks,
+                                     features.shape[1]))
         info["n_targets"] = len(t_records or [])
     provenance.write(outputs, "score", checked, inherit=("pool", "model", "items"),
                      run_key="score_run", config=cfg, seed=seed)

@@ -197,6 +197,29 @@ def resolve_targets(targets: Any) -> tuple[list[dict], list[str], list[Path]]:
     return records, task_of, _dirs(first)
 
 
+def check_outputs(targets: Any, out_targets: Any, out_target_ids: Any) -> None:
+    """A stage's target arguments go together: targets need both output paths; the two
+    paths without targets mean "write them empty" (no validation examples)."""
+    if (out_targets is None) != (out_target_ids is None) or (
+            targets is not None and out_targets is None):
+        raise InputError("targets needs out_targets and out_target_ids (given without "
+                         "targets, they are written empty: no validation examples)",
+                         field="targets")
+
+
+def write_outputs(out_targets: str | os.PathLike, out_target_ids: str | os.PathLike,
+                  rows: np.ndarray | None, records: Sequence[dict] | None,
+                  task_of: Sequence[str], width: int) -> dict[str, str | os.PathLike]:
+    """Write the target rows and their (id, task) table; with no targets, a [0, width]
+    array and an empty table, so select can say why less/rds cannot run. Returns the
+    outputs map for provenance."""
+    from .io import save_npy, write_parquet
+
+    save_npy(out_targets, rows if rows is not None else np.zeros((0, width), np.float32))
+    write_parquet(out_target_ids, target_table(records or [], task_of))
+    return {"targets": out_targets, "target_ids": out_target_ids}
+
+
 def target_table(records: Sequence[dict], task_of: Sequence[str]):
     """The rows of a target feature file as a DataFrame (id, task), in row order."""
     import pandas as pd
