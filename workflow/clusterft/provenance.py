@@ -182,7 +182,7 @@ def check_inputs(inputs: Mapping[str, str | os.PathLike | list], stage: str) -> 
 
 _KEY_WORDS = {"pool": "pools", "data": "prepare_data runs (a pool and its benchmark items)",
               "score_run": "score runs", "tokenizer": "tokenizers", "clusters": "cluster runs",
-              "selection": "selections"}
+              "selection": "selections", "score_warmup": "score warm-ups"}
 
 
 def write(outputs: Mapping[str, str | os.PathLike], stage: str, checked: Mapping[str, dict],

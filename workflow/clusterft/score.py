@@ -65,6 +65,11 @@ Pipeline (``compute_features``):
    which way its loss falls). The pool's features are computed first and do not depend on
    the targets (bit for bit the same with or without them).
 
+Sharded (``shards`` > 1, the workflow's score_warmup, score_shard and score rules):
+``run_score_warmup`` trains the warm-up once, ``run_score_shard`` computes the rows of a
+run of consecutive batches of the gradient pass, ``run_score_merge`` writes the same files
+as ``run_score``, bit for bit (the section "sharded scoring" below).
+
 ``run_score`` is the stage's file I/O edge: pool JSONL + HF model dir in,
 ``features.npy`` (float32 [N, warmup_checkpoints * dim], pool order), ``scores.parquet``
 (id, score, grad_norm) and, optionally, the loss trajectories (float32 [N, loss_points])
@@ -74,7 +79,10 @@ and the target features (float32 [M, warmup_checkpoints * dim]) with their ids a
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
+import json
 import logging
 import math
 import os
@@ -163,10 +171,17 @@ DEFAULTS: dict = {
     # score job keeps its warm-up and the rows done so far in <features>.ckpt/ and resumes
     # from them to the same features (the folder is removed once the features are written).
     "checkpoint_every": 50,
+    # Jobs the pool is scored in (the workflow; one GPU each): a score_warmup job trains the
+    # warm-up once, score_shard jobs compute the gradient features, loss trajectories (and,
+    # in shard 0, the targets) of consecutive runs of the gradient pass's length-sorted
+    # batches, and score merges them into the same files, bit for bit, as one job would
+    # write (run_score_warmup, run_score_shard, run_score_merge). 1: one score job. At most
+    # the pool size.
+    "shards": 1,
 }
 
 # Keys that change neither the warm-up nor the features: a run may resume across them.
-RESUMABLE_ACROSS = ("checkpoint_every", "num_threads")
+RESUMABLE_ACROSS = ("checkpoint_every", "num_threads", "shards")
 
 METHODS = ("hook", "func")
 GRADIENT_TYPES = ("sgd", "adam")
@@ -202,6 +217,8 @@ def merge_cfg(cfg: dict | None) -> dict:
         raise InputError(f"{out['warmup_checkpoints']} checkpoints need at least as many "
                          f"warm-up steps, got warmup_steps {out['warmup_steps']}",
                          field="score.warmup_checkpoints")
+    if isinstance(out["shards"], bool) or int(out["shards"]) < 1:
+        raise InputError(f"must be an integer >= 1, got {out['shards']}", field="score.shards")
     if int(out["loss_points"]) < 2:
         raise InputError(f"must be >= 2, got {out['loss_points']}", field="score.loss_points")
     if not 0 < float(out["warmup_fraction"]) <= 1:
@@ -305,7 +322,7 @@ def _set_lora(model, values: dict) -> None:
 
 
 def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: int, *,
-                ckpt: "Checkpoints | None" = None) -> dict:
+                ckpt: "Checkpoints | None" = None, snapshots: bool = False) -> dict:
     """Train the LoRA adapters of ``model`` in place on a seeded subset; return metrics.
 
     Metrics hold the subset size, steps, losses, the learning rate of each step
@@ -328,6 +345,10 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
     checkpoints so far, the optimiser, schedule, data order and RNG states, the losses
     measured so far); a warm-up that was stopped resumes from the last one to the same
     weights, and a finished one is loaded instead of run (``warmup_resumed``).
+
+    ``snapshots`` (sharded scoring, ``run_score_warmup``): instead of measuring the pool's
+    losses at the trajectory steps, keep the adapters there (``loss_snapshots``: step ->
+    name -> CPU tensor), so that each shard measures its own rows with the same weights.
     """
     import torch
 
@@ -352,11 +373,14 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
     loss_bs = int(cfg["batch_size"])
     out: dict = {"warmup_examples": int(n_sub), "warmup_steps": steps, "warmup_losses": [],
                  "warmup_lrs": [], "exp_avg": None, "exp_avg_sq": None, "checkpoints": [],
-                 "loss_trajectories": np.full((n, len(at)), np.nan, dtype=np.float32)}
+                 "loss_trajectories": np.full((n, len(at)), np.nan, dtype=np.float32),
+                 **({"loss_snapshots": {}} if snapshots else {})}
 
     def measure(step: int) -> None:
         cols = [j for j, s in enumerate(at) if s == step]
-        if cols:
+        if cols and snapshots:
+            out["loss_snapshots"][step] = {name: p.detach().cpu().clone() for name, p in params}
+        elif cols:
             losses = pool_losses(model, encoded, loss_bs, pad_id)
             out["loss_trajectories"][:, cols] = losses[:, None]
 
@@ -1063,3 +1087,495 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
     log.info("scored %d examples in %.1fs (warm-up %.1fs, %d truncated)", info["n"],
              info["seconds"], info["warmup_seconds"], info["truncated"])
     return info
+
+# --------------------------------------------------------------------------- sharded scoring
+# Scoring the pool in several jobs (``shards``): one warm-up, N shards, one merge.
+#
+# ``run_score`` does everything in one process. For big pools the workflow
+# splits it (each job one GPU):
+#
+# 1. :func:`run_score_warmup` (rule ``score_warmup``): the LoRA warm-up, once. It writes
+#    ``warmup.safetensors``: the adapters (and, for ``gradient_type: adam``, the AdamW
+#    moments) at every warm-up checkpoint, the adapters at every loss-trajectory step
+#    (instead of measuring the whole pool's losses there), every pool example's token length
+#    and, as JSON metadata, the warm-up's numbers (steps, losses, learning rates, checkpoint
+#    steps and learning-rate means) and the fingerprint of its config, seed, model and pool.
+# 2. :func:`run_score_shard` (rule ``score_shard``, N jobs): the gradient pass and the loss
+#    trajectories of one shard. A shard is a run of consecutive *batches* of the one-job
+#    gradient pass (the pool sorted by length, cut into ``batch_size`` batches;
+#    :func:`shard_bounds` cuts the batches so that each shard gets about the same number of
+#    padded tokens). A shard's batches are exactly the one-job run's, so every number is
+#    computed from the same operands in the same order: the merge equals the one-job output
+#    bit for bit (a slice of the pool in pool order would batch examples differently, and a
+#    batched matmul's rounding depends on its batch). Shard 0 also computes the targets (the
+#    validation examples' features). Output: ``shard<i>.npz`` (numpy, open format): the
+#    pool rows it holds, their raw projected gradients per checkpoint, gradient norms and
+#    loss trajectories.
+# 3. :func:`run_score_merge` (rule ``score``): checks the shards cover the pool once and come
+#    from one warm-up (provenance lineage ``score_warmup``), then normalises, combines the
+#    checkpoints, scores and writes the same files as ``run_score`` (features.npy,
+#    scores.parquet, trajectories.npy, targets.npy, targets.parquet and their sidecars).
+#
+# Each job resumes after a kill: the warm-up from ``<warmup>.ckpt/``, a shard from
+# ``<shard>.ckpt/`` (as ``run_score`` does from ``<features>.ckpt/``).
+
+WARMUP_FORMAT = "clusterft-score-warmup/1"
+SHARD_FORMAT = "clusterft-score-shard/1"
+TARGET_SHARD = 0  # the shard that also computes the targets' features
+
+
+def shard_bounds(lengths: Sequence[int], batch_size: int, shards: int) -> list[tuple[int, int]]:
+    """Each shard's rows ``[lo, hi)`` of the length-sorted pool (``np.argsort(lengths,
+    kind="stable")``): consecutive, covering every row once, cut only between the gradient
+    pass's batches (multiples of ``batch_size``), each shard with about ``1/shards`` of
+    the padded tokens (batch size times its longest example). More shards than batches
+    leaves some empty."""
+    n, bs, shards = len(lengths), int(batch_size), int(shards)
+    if shards < 1 or bs < 1:
+        raise ValueError(f"need shards >= 1 and batch_size >= 1, got {shards}, {bs}")
+    srt = np.sort(np.asarray(lengths, dtype=np.int64), kind="stable")
+    starts = np.arange(0, n, bs)
+    ends = np.minimum(starts + bs, n)
+    cost = np.cumsum((ends - starts) * (srt[ends - 1] if n else 0))
+    total = float(cost[-1]) if n else 0.0
+    cuts = [0]  # batches before each shard
+    for i in range(1, shards):
+        c = int(np.searchsorted(cost, total * i / shards))  # cost[c] >= target
+        if c < len(cost):  # take c + 1 batches or c, whichever ends nearer the target
+            below = float(cost[c - 1]) if c > 0 else 0.0
+            c = c + 1 if float(cost[c]) - total * i / shards < total * i / shards - below else c
+        cuts.append(min(max(c, cuts[-1]), len(starts)))
+    cuts.append(len(starts))
+    rows = [int(x) for x in starts] + [n]
+    return [(rows[a], rows[b]) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _prepare(model_dir, pool, cfg: dict | None, threads: int | None):
+    """Merged cfg, pool records, resolved model path (offline, threads set)."""
+    import torch
+
+    from .hf import resolve_model
+    from .io import set_offline_env
+    from .pool import load_pool
+
+    set_offline_env()
+    cfg = merge_cfg(cfg)
+    if threads and not cfg["num_threads"]:  # as run_score: Snakemake's thread count
+        torch.set_num_threads(int(threads))
+    records = load_pool(pool)
+    if int(cfg["shards"]) > len(records):
+        raise InputError(f"score.shards = {cfg['shards']} is larger than the pool "
+                         f"({len(records)} examples)", path=str(pool), field="score.shards")
+    return cfg, records, resolve_model(str(model_dir), field="score model")
+
+
+def _fingerprint(cfg: dict, seed: int, model_path: str, pool: Any) -> str:
+    return score_fingerprint(cfg, seed, provenance.digest(model_path), provenance.digest(pool))
+
+
+@contextlib.contextmanager
+def _num_threads(cfg: dict):
+    """score.num_threads torch threads while scoring (as compute_features_info)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if cfg["num_threads"]:
+        torch.set_num_threads(int(cfg["num_threads"]))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class _LoraModel:
+    """The base model with the score run's LoRA adapters (same seed, same modules), the
+    attention kernel and requires_grad flags as ``clusterft.score`` sets them."""
+
+    def __init__(self, path: str, cfg: dict, seed: int) -> None:
+        from . import lora
+        from .distributed import resolve_device
+        from .hf import load_causal_lm
+
+        self.device = resolve_device(cfg["device"], "score.device")
+        model = load_causal_lm(path)
+        model.to(self.device)
+        if cfg["attn_implementation"] and cfg["attn_implementation"] != getattr(
+                model.config, "_attn_implementation", None):
+            model.set_attn_implementation(cfg["attn_implementation"])
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.model = lora.add_lora(model, cfg["lora"], "score.lora", seed)
+        self.proj = make_projector(self.model, cfg, seed, self.device)
+
+
+# --------------------------------------------------------------------------- warm-up
+
+def save_warmup(path: str | os.PathLike, info: dict, lengths: Sequence[int],
+                fingerprint: str, adam: bool) -> None:
+    """``info`` (``warmup_lora(..., snapshots=True)``'s) as one safetensors file."""
+    from safetensors.torch import save_file
+    import torch
+
+    from .io import atomic_path
+
+    tensors = {"lengths": torch.tensor(list(lengths), dtype=torch.int64)}
+    for k, c in enumerate(info["checkpoints"]):
+        for name, t in c["lora"].items():
+            tensors[f"checkpoint.{k}.{name}"] = t.contiguous()
+        if adam:
+            for key in ("exp_avg", "exp_avg_sq"):
+                tensors[f"checkpoint.{k}.{key}"] = c[key].contiguous()
+    for step, lora_state in info["loss_snapshots"].items():
+        for name, t in lora_state.items():
+            tensors[f"loss_step.{int(step)}.{name}"] = t.contiguous()
+    meta = {k: info[k] for k in ("warmup_examples", "warmup_steps", "warmup_losses",
+                                 "warmup_lrs")}
+    meta["checkpoints"] = [{"step": int(c["step"]), "lr_mean": float(c["lr_mean"])}
+                           for c in info["checkpoints"]]
+    meta["loss_steps"] = sorted(int(s) for s in info["loss_snapshots"])
+    with atomic_path(path) as tmp:
+        # one metadata key: safetensors writes several in no fixed order (a Rust HashMap),
+        # and the file's bytes (its digest: the shards' lineage) should not vary
+        save_file(tensors, str(tmp), metadata={"clusterft": json.dumps(
+            {"format": WARMUP_FORMAT, "fingerprint": fingerprint, "info": meta})})
+
+
+def load_warmup(path: str | os.PathLike) -> dict:
+    """A warm-up file as {fingerprint, info, lengths, checkpoints: [{step, lr_mean, lora,
+    exp_avg, exp_avg_sq}], loss_snapshots: {step: lora}} (tensors on the CPU)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("clusterft", "{}"))
+            if meta.get("format") != WARMUP_FORMAT:
+                raise InputError(f"not a score warm-up file (format {meta.get('format')!r}, "
+                                 f"expected {WARMUP_FORMAT})", path=str(path))
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except InputError:
+        raise
+    except Exception as e:  # safetensors raises its own error types
+        raise InputError(f"not a readable score warm-up file ({e})", path=str(path)) from e
+    info = meta["info"]
+    checkpoints = [{**c, "lora": {}, "exp_avg": None, "exp_avg_sq": None}
+                   for c in info["checkpoints"]]
+    snaps: dict[int, dict] = {int(s): {} for s in info["loss_steps"]}
+    for key, t in tensors.items():
+        kind, _, rest = key.partition(".")
+        if kind == "lengths":
+            continue
+        idx, _, name = rest.partition(".")
+        if kind == "checkpoint":
+            c = checkpoints[int(idx)]
+            if name in ("exp_avg", "exp_avg_sq"):
+                c[name] = t
+            else:
+                c["lora"][name] = t
+        else:
+            snaps[int(idx)][name] = t
+    return {"fingerprint": meta["fingerprint"], "info": info, "checkpoints": checkpoints,
+            "loss_snapshots": snaps, "lengths": tensors["lengths"].numpy()}
+
+
+def run_score_warmup(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict | None,
+                     out_warmup: str | os.PathLike, seed: int = 0, threads: int | None = None,
+                     length_policy: dict | None = None) -> dict:
+    """Rule ``score_warmup``: train the warm-up once and write ``out_warmup`` (section
+    "sharded scoring", step 1) and its provenance sidecar (lineage ``score_warmup``: the
+    shards and the merge check they use this one). Resumes from ``<out_warmup>.ckpt/``."""
+    from .hf import load_tokenizer
+    from .tokenize import LENGTH_POLICY, check_length_policy
+
+    t0 = time.perf_counter()
+    cfg, records, path = _prepare(model_dir, pool, cfg, threads)
+    checked = provenance.check_inputs({"model": path, "pool": pool}, "score_warmup")
+    tok = load_tokenizer(path)
+    if length_policy is not None:
+        policy = {**LENGTH_POLICY, **length_policy}
+        check_length_policy(tok, records, int(policy["max_length"]),
+                            str(policy["truncation"]), str(pool))
+    if tok.pad_token_id is None:
+        raise InputError("tokenizer has no pad token", field="model")
+    encoded, n_trunc = _encode_all(tok, records, cfg)
+    fp = _fingerprint(cfg, seed, path, pool)
+    ckpt_dir = Path(str(out_warmup) + ".ckpt")
+    ckpt = Checkpoints(ckpt_dir, fp) if int(cfg["checkpoint_every"]) > 0 else None
+    with _num_threads(cfg):
+        lm = _LoraModel(path, cfg, seed)
+        info = warmup_lora(lm.model, encoded, cfg, seed, tok.pad_token_id, ckpt=ckpt,
+                           snapshots=True)
+    if cfg["gradient_type"] == "adam" and info["exp_avg"] is None:
+        raise InputError("gradient_type 'adam' needs a warm-up (warmup_steps > 0)",
+                         field="score.gradient_type")
+    save_warmup(out_warmup, info, [e["length"] for e in encoded], fp,
+                cfg["gradient_type"] == "adam")
+    recorded = {k: v for k, v in cfg.items() if k != "shards"}  # shared by every count
+    provenance.write({"warmup": out_warmup}, "score_warmup", checked,
+                     inherit=("pool", "model"), own={"score_warmup": "warmup"},
+                     config=recorded, seed=seed)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    out = {"n": len(records), "truncated": n_trunc,
+           "checkpoint_steps": [int(c["step"]) for c in info["checkpoints"]],
+           "warmup_steps": info["warmup_steps"], "warmup_resumed": info["warmup_resumed"],
+           "seconds": round(time.perf_counter() - t0, 2)}
+    log.info("score warm-up: %d steps on %d examples in %.1fs", info["warmup_steps"],
+             info["warmup_examples"], out["seconds"])
+    return out
+
+
+# --------------------------------------------------------------------------- shards
+
+def _checked_warmup(warmup: Any, cfg: dict, seed: int, path: str, pool: Any) -> dict:
+    """The warm-up file, refused unless it was made with this config, seed, model, pool."""
+    w = load_warmup(warmup)
+    if w["fingerprint"] != _fingerprint(cfg, seed, path, pool):
+        raise InputError("this warm-up was made with another score config, seed, model or "
+                         f"pool than {pool} with seed {seed}; rerun score_warmup "
+                         f"({provenance.describe(warmup, provenance.read(warmup))})",
+                         path=str(warmup), field="score")
+    return w
+
+
+def _shard_pass(path: str, cfg: dict, seed: int, w: dict, encoded: Sequence[dict],
+                rows: np.ndarray, records: Sequence[dict], enc_targets: Sequence[dict] | None,
+                ckpt: Checkpoints | None, pad_id: int, what: str) -> tuple[dict, dict | None]:
+    """The arrays of one shard: loss trajectories of its rows (the warm-up's snapshots,
+    ``pool_losses``' batches), their projected gradients and norms at every checkpoint
+    (the one-job run's batches: ``encoded`` is in length-sorted order and starts at a batch
+    boundary) and, with ``enc_targets``, the targets' (after the pool's, as run_score).
+    Returns (arrays, where the gradient pass resumed or None)."""
+    from .pace import Pace
+    from .tokenize import collate
+
+    checkpoints = w["checkpoints"]
+    bs, n_ckpt, n, dim = int(cfg["batch_size"]), len(checkpoints), len(rows), int(cfg["dim"])
+    at = loss_steps(int(w["info"]["warmup_steps"]), int(cfg["loss_points"]))
+    traj = np.full((n, len(at)), np.nan, dtype=np.float32)
+    projected = np.zeros((n_ckpt, n, dim), dtype=np.float32)
+    norms = np.zeros((n_ckpt, n), dtype=np.float32)
+    if not n and enc_targets is None:
+        return {"projected": projected, "norms": norms, "trajectories": traj}, None
+    lm = _LoraModel(path, cfg, seed)
+    pmodel = lm.model
+    k0, start, resumed = 0, 0, None
+    done = ckpt.load("gradients.pt") if ckpt is not None else None
+    if done is not None:
+        k0, start = done["checkpoint"], done["next"]
+        projected, norms, traj = done["projected"], done["norms"], done["trajectories"]
+        resumed = {"checkpoint": k0, "row": start}
+    pmodel.eval()
+    if n and done is None:
+        for step in w["info"]["loss_steps"]:
+            _set_lora(pmodel, w["loss_snapshots"][step])
+            losses = pool_losses(pmodel, encoded, bs, pad_id)
+            traj[:, [j for j, s in enumerate(at) if s == step]] = losses[:, None]
+    every = int(cfg["checkpoint_every"]) * bs if ckpt is not None else 0
+    left = (n_ckpt - k0) * -(-n // bs) - start // bs
+    with Pace(left, what, unit="batch", units="batches", disable=left <= 1) as pace:
+        for k in range(k0, n_ckpt if n else 0):
+            _set_lora(pmodel, checkpoints[k]["lora"])
+            moments = (tuple(checkpoints[k][key].to(lm.device)
+                             for key in ("exp_avg", "exp_avg_sq"))
+                       if cfg["gradient_type"] == "adam" else None)
+            for b in range(start if k == k0 else 0, n, bs):
+                batch = {key: v.to(lm.device) for key, v in
+                         collate(encoded[b:b + bs], pad_id).items()}
+                r, nrm = project_batch(pmodel, batch, cfg, lm.proj, moments)
+                norms[k, b:b + bs] = nrm.cpu().numpy()
+                projected[k, b:b + bs] = r.cpu().numpy()
+                bad = np.flatnonzero(~np.isfinite(projected[k, b:b + bs]).all(1))
+                refuse_rows(rows[b + bad], "non-finite gradients",
+                            "the warm-up diverged or the model overflows", records, cfg)
+                pace.update()
+                nxt = (k, b + bs) if b + bs < n else (k + 1, 0)
+                if every and ((b + bs) % every == 0 or b + bs >= n) and nxt[0] < n_ckpt:
+                    ckpt.save("gradients.pt", {"checkpoint": nxt[0], "next": nxt[1],
+                                               "projected": projected, "norms": norms,
+                                               "trajectories": traj})
+    out = {"projected": projected, "norms": norms, "trajectories": traj}
+    if enc_targets is not None:
+        out["target_projected"], out["target_norms"] = _target_pass(
+            pmodel, enc_targets, checkpoints, lm.proj, cfg, pad_id, lm.device)
+    pmodel.unload()
+    return out, resumed
+
+
+def run_score_shard(model_dir: str | os.PathLike, pool: str | os.PathLike,
+                    warmup: str | os.PathLike, cfg: dict | None, shard: int,
+                    out_shard: str | os.PathLike, seed: int = 0, threads: int | None = None,
+                    targets: Any = None) -> dict:
+    """Rule ``score_shard``: shard ``shard`` of ``score.shards`` (section "sharded
+    scoring", step 2) into ``out_shard`` (.npz) and its sidecar. ``targets`` as for
+    ``run_score`` (used by shard 0 only). Resumes from ``<out_shard>.ckpt/``."""
+    from .hf import load_tokenizer
+    from .io import atomic_path
+    from .targets import resolve_targets
+
+    t0 = time.perf_counter()
+    cfg, records, path = _prepare(model_dir, pool, cfg, threads)
+    shards = int(cfg["shards"])
+    if not 0 <= int(shard) < shards:
+        raise InputError(f"shard {shard} is not one of 0..{shards - 1} (score.shards = "
+                         f"{shards})", field="score.shards")
+    with_targets = targets is not None and int(shard) == TARGET_SHARD
+    t_records, t_tasks, t_dirs = (resolve_targets(targets) if with_targets
+                                  else (None, [], []))
+    checked = provenance.check_inputs({"model": path, "pool": pool, "warmup": warmup,
+                                       "items": t_dirs or None}, "score_shard")
+    w = _checked_warmup(warmup, cfg, seed, path, pool)
+    bs = int(cfg["batch_size"])
+    order = np.argsort(w["lengths"], kind="stable")
+    lo, hi = shard_bounds(w["lengths"], bs, shards)[int(shard)]
+    rows = order[lo:hi]
+    tok = load_tokenizer(path)
+    pad_id = tok.pad_token_id
+    encoded, _ = _encode_all(tok, [records[i] for i in rows], cfg)
+    if [e["length"] for e in encoded] != w["lengths"][rows].tolist():
+        raise InputError("the pool's token lengths differ from the warm-up's: another "
+                         "tokenizer or max_length", path=str(warmup), field="score.max_length")
+    enc_targets = _encode_all(tok, t_records, cfg, "targets")[0] if with_targets else None
+    n = len(rows)
+    fp = hashlib.sha1(json.dumps({"warmup": provenance.digest(warmup), "shard": int(shard),
+                                  "shards": shards, "cfg": w["fingerprint"]}
+                                 ).encode()).hexdigest()
+    ckpt_dir = Path(str(out_shard) + ".ckpt")
+    ckpt = Checkpoints(ckpt_dir, fp) if int(cfg["checkpoint_every"]) > 0 else None
+    with _num_threads(cfg):
+        blob, resumed = _shard_pass(path, cfg, seed, w, encoded, rows, records, enc_targets,
+                                    ckpt, pad_id, f"score shard {shard}")
+    blob.update({"format": np.array(SHARD_FORMAT), "shard": np.array(int(shard)),
+                 "shards": np.array(shards), "bounds": np.array([lo, hi]),
+                 "rows": rows.astype(np.int64)})
+    if with_targets:
+        blob.update({"target_ids": np.array([str(r["id"]) for r in t_records], dtype=str),
+                     "target_tasks": np.array([str(t) for t in t_tasks], dtype=str)})
+    with atomic_path(out_shard) as tmp:
+        with open(tmp, "wb") as f:  # a file object: np.savez would add ".npz" to the name
+            np.savez(f, **blob)
+    provenance.write({"shard": out_shard}, "score_shard", checked,
+                     inherit=("warmup", "items"), config=cfg, seed=seed)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    secs = round(time.perf_counter() - t0, 2)
+    log.info("score shard %d of %d: rows %d..%d of the length-sorted pool (%d examples%s) "
+             "in %.1fs", shard, shards, lo, hi, n,
+             f", {len(t_records)} targets" if with_targets else "", secs)
+    return {"shard": int(shard), "shards": shards, "rows": [int(lo), int(hi)], "n": n,
+            "n_targets": len(t_records) if with_targets else 0,
+            "gradients_resumed_at": resumed, "seconds": secs}
+
+
+# --------------------------------------------------------------------------- merge
+
+def _load_shard(path: str | os.PathLike) -> dict:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            blob = {k: z[k] for k in z.files}
+    except Exception as e:
+        raise InputError(f"not a readable score shard ({e})", path=str(path)) from e
+    if str(blob.get("format")) != SHARD_FORMAT:
+        raise InputError(f"not a score shard (format {blob.get('format')!s}, expected "
+                         f"{SHARD_FORMAT})", path=str(path))
+    return blob
+
+
+def run_score_merge(model_dir: str | os.PathLike, pool: str | os.PathLike,
+                    warmup: str | os.PathLike, shard_paths: Sequence[str | os.PathLike],
+                    cfg: dict | None, out_features: str | os.PathLike,
+                    out_scores: str | os.PathLike, seed: int = 0,
+                    out_trajectories: str | os.PathLike | None = None, targets: Any = None,
+                    out_targets: str | os.PathLike | None = None,
+                    out_target_ids: str | os.PathLike | None = None) -> dict:
+    """Rule ``score`` with ``score.shards`` > 1: the shards (section "sharded scoring",
+    step 3) into ``run_score``'s files, with the same bytes. Refuses shards of another
+    warm-up (provenance), of another shard count, or that do not cover the pool exactly
+    once."""
+    import pandas as pd
+
+    from .io import save_npy, set_offline_env, write_parquet
+    from .hf import resolve_model
+    from .pool import load_pool
+    from .targets import check_outputs, resolve_targets, write_outputs
+
+    set_offline_env()
+    cfg = merge_cfg(cfg)
+    check_outputs(targets, out_targets, out_target_ids)
+    records = load_pool(pool)
+    _, _, t_dirs = resolve_targets(targets) if targets is not None else (None, [], [])
+    path = resolve_model(str(model_dir), field="score model")
+    shards = int(cfg["shards"])
+    if len(shard_paths) != shards:
+        raise InputError(f"{len(shard_paths)} shard files for score.shards = {shards}",
+                         field="score.shards")
+    checked = provenance.check_inputs({"model": path, "pool": pool, "items": t_dirs or None,
+                                       "warmup": warmup, "shards": list(shard_paths)},
+                                      "score")
+    w = _checked_warmup(warmup, cfg, seed, path, pool)
+    n = len(records)
+    blobs = [_load_shard(p) for p in shard_paths]
+    bounds = shard_bounds(w["lengths"], int(cfg["batch_size"]), shards)
+    order = np.argsort(w["lengths"], kind="stable")
+    for i, (p, b) in enumerate(zip(shard_paths, blobs)):
+        if int(b["shard"]) != i or int(b["shards"]) != shards or \
+                tuple(int(x) for x in b["bounds"]) != bounds[i] or \
+                not np.array_equal(b["rows"], order[bounds[i][0]:bounds[i][1]]):
+            raise InputError(f"expected shard {i} of {shards} (rows {bounds[i][0]}..."
+                             f"{bounds[i][1]} of the length-sorted pool), got shard "
+                             f"{int(b['shard'])} of {int(b['shards'])} (rows "
+                             f"{b['bounds'].tolist()})", path=str(p), field="score.shards")
+    rows = np.concatenate([b["rows"] for b in blobs])
+    if len(rows) != n or not np.array_equal(np.sort(rows), np.arange(n)):
+        raise InputError(f"the shards hold {len(rows)} rows, not each of the pool's {n} once",
+                         path=str(shard_paths[0]), field="score.shards")
+    checkpoints = w["info"]["checkpoints"]
+    dim = int(cfg["dim"])
+    projected = np.zeros((len(checkpoints), n, dim), dtype=np.float32)
+    norms = np.zeros((len(checkpoints), n), dtype=np.float32)
+    trajectories = None
+    for b in blobs:
+        projected[:, b["rows"]] = b["projected"]
+        norms[:, b["rows"]] = b["norms"]
+        if trajectories is None:
+            trajectories = np.full((n, b["trajectories"].shape[1]), np.nan, dtype=np.float32)
+        trajectories[b["rows"]] = b["trajectories"]
+    refuse_rows(np.flatnonzero((norms == 0).any(0)), "zero gradient",
+                "their loss no longer depends on the LoRA weights, as after a warm-up that "
+                "diverged into a saturated model", records, cfg)
+    weights = checkpoint_weights(checkpoints)
+    features = combine_checkpoints([l2_normalize(p) for p in projected], weights)
+    scores = pool_scores(features)
+    save_npy(out_features, features)
+    write_parquet(out_scores, pd.DataFrame({"id": [r["id"] for r in records],
+                                            "score": scores.astype(np.float64),
+                                            "grad_norm": norms[-1].astype(np.float64)}))
+    outputs = {"features": out_features, "scores": out_scores}
+    if out_trajectories is not None:
+        save_npy(out_trajectories, trajectories)
+        outputs["trajectories"] = out_trajectories
+    n_targets = 0
+    if out_targets is not None:
+        tb = blobs[TARGET_SHARD]
+        t_rows, t_recs, t_tasks = None, None, []
+        if targets is not None:
+            if "target_projected" not in tb:
+                raise InputError("targets were asked for but shard 0 has none: it was "
+                                 "computed without them", path=str(shard_paths[TARGET_SHARD]),
+                                 field="targets")
+            t_proj, t_norms = tb["target_projected"], tb["target_norms"]
+            t_recs = [{"id": str(i)} for i in tb["target_ids"]]
+            t_tasks = [str(t) for t in tb["target_tasks"]]
+            refuse_rows(np.flatnonzero(~np.isfinite(t_proj).all(2).all(0)), "non-finite "
+                        "target gradients", "the warm-up diverged or the model overflows",
+                        t_recs, cfg)
+            refuse_rows(np.flatnonzero((t_norms == 0).any(0)), "zero target gradient",
+                        "their loss does not depend on the LoRA weights", t_recs, cfg)
+            t_rows = combine_checkpoints([l2_normalize(p) for p in t_proj], weights)
+            n_targets = len(t_recs)
+        outputs.update(write_outputs(out_targets, out_target_ids, t_rows, t_recs, t_tasks,
+                                     features.shape[1]))
+    provenance.write(outputs, "score", checked, inherit=("pool", "model", "items"),
+                     run_key="score_run", config=cfg, seed=seed)
+    log.info("merged %d shards: %d examples, %d targets", shards, n, n_targets)
+    return {"n": n, "shards": shards, "n_targets": n_targets, "dim": int(features.shape[1]),
+            "checkpoint_steps": [int(c["step"]) for c in checkpoints],
+            "checkpoint_weights": weights, "warmup_steps": w["info"]["warmup_steps"],
+            "warmup_losses": w["info"]["warmup_losses"]}

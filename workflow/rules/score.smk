@@ -2,19 +2,78 @@
 # randomly projected and L2-normalised, plus a scalar score per example; the same warm-up
 # records each example's loss trajectory (S2L's signal) and gives the benchmark tasks'
 # validation examples the same features (LESS's targets).
+# With score.shards > 1 (clusterft.score, "sharded scoring"): score_warmup trains the
+# warm-up once, score.shards score_shard jobs (one GPU each) compute consecutive runs of
+# the gradient pass's batches, and score merges them into the same files, bit for bit.
+
+SCORE_DIR = "results/score/{dataset}/{model}/s{seed}"
+SCORE_DEVICE = str(config.get("score", {}).get("device", "auto"))
+SCORE_GPU = 1 if SCORE_DEVICE.startswith("cuda") else 0
+
+
+wildcard_constraints:
+    shard=r"[0-9]+",
+
+
+rule score_warmup:
+    input:
+        model="results/models/{model}/base",
+        pool="results/data/{dataset}/pool.jsonl",
+    output:
+        warmup=SCORE_WARMUP,
+    log:
+        "logs/score_warmup/{dataset}/{model}/s{seed}.log",
+    benchmark:
+        "benchmarks/out/score_warmup/{dataset}/{model}/s{seed}.tsv"
+    conda:
+        ENV
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=240,
+        gpu=SCORE_GPU,
+    params:
+        cfg=score_warmup_cfg,
+        length_policy=length_policy,
+    script:
+        "../scripts/score_warmup.py"
+
+
+rule score_shard:
+    input:
+        model="results/models/{model}/base",
+        pool="results/data/{dataset}/pool.jsonl",
+        warmup=SCORE_WARMUP,
+        task_items=task_item_dirs,
+    output:
+        shard=temp(SCORE_SHARD),
+    log:
+        "logs/score_shard/{dataset}/{model}/s{seed}/shard{shard}.log",
+    benchmark:
+        "benchmarks/out/score_shard/{dataset}/{model}/s{seed}/shard{shard}.tsv"
+    conda:
+        ENV
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=240,
+        gpu=SCORE_GPU,
+    params:
+        cfg=section("score"),
+        tasks=eval_tasks,
+    script:
+        "../scripts/score_shard.py"
 
 
 rule score:
     input:
-        model="results/models/{model}/base",
-        pool="results/data/{dataset}/pool.jsonl",
-        task_items=task_item_dirs,
+        unpack(score_inputs),
     output:
-        features="results/score/{dataset}/{model}/s{seed}/features.npy",
-        scores="results/score/{dataset}/{model}/s{seed}/scores.parquet",
-        trajectories="results/score/{dataset}/{model}/s{seed}/trajectories.npy",
-        targets="results/score/{dataset}/{model}/s{seed}/targets.npy",
-        target_ids="results/score/{dataset}/{model}/s{seed}/targets.parquet",
+        features=f"{SCORE_DIR}/features.npy",
+        scores=f"{SCORE_DIR}/scores.parquet",
+        trajectories=f"{SCORE_DIR}/trajectories.npy",
+        targets=f"{SCORE_DIR}/targets.npy",
+        target_ids=f"{SCORE_DIR}/targets.parquet",
     log:
         "logs/score/{dataset}/{model}/s{seed}.log",
     benchmark:
