@@ -14,8 +14,11 @@ import numpy as np
 from .distributed import Dist, barrier, gather_object
 from .io import atomic_path
 
-# Keys that change neither the model nor the data order: a run may resume across them.
-RESUMABLE_ACROSS = ("checkpoint_every", "max_steps", "num_threads", "log_every")
+# Keys that change neither the model nor the data order: a run may resume across them
+# (gradient checkpointing recomputes the same activations: equal gradients, tested in
+# tests/test_train_scale.py; gpus_per_node only places the same ranks on other nodes).
+RESUMABLE_ACROSS = ("checkpoint_every", "max_steps", "num_threads", "log_every",
+                    "gradient_checkpointing", "gpus_per_node")
 
 
 def fingerprint(cfg: dict, world_size: int, distribution: str, seed: int, ids: list[str]) -> str:

@@ -17,6 +17,12 @@ Each rank's step batch runs as length-sorted micro-batches with the LM head appl
 at labelled positions (``clusterft.microbatch``): the gradient of the padded batch, with
 less padding and head work (``group_cost_tokens``, ``sparse_logits``).
 
+For models that do not fit plain DDP, ``gradient_checkpointing`` recomputes the decoder
+layers in the backward pass and ``fsdp`` shards weights, gradients and optimiser state with
+torch's ``fully_shard`` (both off by default; docs/scale.md). Jobs on several nodes are
+launched by :mod:`clusterft.launch` (``gpus_per_node``); this module sees only torchrun's
+ranks.
+
 A selection with an ``epoch`` column (RS2, Okanovic et al. 2023: a fresh random subset of
 the budget's size every epoch; see :func:`clusterft.pool.read_selection`) holds E subsets
 of equal size: training epoch e uses subset ``e mod E``, so a run with more epochs than the
@@ -129,6 +135,18 @@ DEFAULTS: dict = {
     "backend": "auto",
     # auto (cuda if available) | cpu | cuda.
     "device": "auto",
+    # Ranks per node for multi-node jobs (clusterft.launch): a job of G GPUs runs on
+    # G / gpus_per_node nodes (it must divide), one torchrun agent per node under SLURM
+    # (srun, c10d rendezvous on the allocation's first node). 0 = every rank on one node.
+    "gpus_per_node": 0,
+    # Recompute each decoder layer's activations in the backward pass instead of keeping
+    # them (less memory, about one more forward of compute; the same gradients).
+    "gradient_checkpointing": False,
+    # Shard parameters, gradients and optimiser state over the ranks with torch's FSDP
+    # (torch.distributed.fsdp.fully_shard, one unit per decoder layer) instead of DDP, for
+    # models whose weights + AdamW state do not fit one GPU. Needs >= 2 ranks and
+    # finetune: full; checkpoint_every must stay 0 (FSDP runs are not resumable yet).
+    "fsdp": False,
 }
 
 
@@ -154,6 +172,18 @@ def train_config(cfg: dict | None) -> dict:
         raise InputError(f"global_batch_size must be a positive integer or null, got {gbs!r}",
                          field="train.global_batch_size")
     lora.check(out["lora"], "train.lora")
+    if int(out["gpus_per_node"]) < 0:
+        raise InputError(f"gpus_per_node must be >= 0 (0: one node), got {out['gpus_per_node']}",
+                         field="train.gpus_per_node")
+    if out["fsdp"]:
+        if out["finetune"] != "full":
+            raise InputError("fsdp: true needs finetune: full (LoRA adapters under FSDP are not "
+                             "supported; LoRA's few trainable weights fit plain DDP)",
+                             field="train.fsdp")
+        if int(out["checkpoint_every"]) > 0:
+            raise InputError("checkpoint_every > 0 with fsdp: true: FSDP runs cannot be "
+                             "checkpointed and resumed yet; set checkpoint_every: 0 or fsdp: false",
+                             field="train.checkpoint_every")
     return out
 
 
@@ -257,7 +287,17 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
 
     # Model, optimiser, schedule; then the checkpoint of this very run, if one was left.
     model = model.to(d.device)
-    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg["gradient_checkpointing"]:
+        enable_gradient_checkpointing(model)
+    fsdp = bool(cfg["fsdp"])
+    if fsdp:  # the optimiser must see the sharded parameters
+        loss_fn = shard(CausalLMLoss(model, sparse_logits=bool(cfg["sparse_logits"])), model)
+        params = [p for p in loss_fn.parameters() if p.requires_grad]
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
+    # What each rank holds of the trained weights (FSDP: its shards, about 1/world each).
+    held = gather_object(d, int(sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                                    for p in params)))
     opt, sched = adamw(params, lr=cfg["lr"], weight_decay=cfg["weight_decay"],
                        schedule=cfg["schedule"], warmup=round(float(cfg["warmup_ratio"]) * total_steps),
                        total=total_steps, field="train.schedule")
@@ -275,9 +315,12 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
         start_epoch, start_batch, step, log = blob["epoch"], blob["batch"], blob["step"], blob["acc"]
         resumed_from = step
 
-    loss_fn = CausalLMLoss(model, sparse_logits=bool(cfg["sparse_logits"]))
-    ddp = DDP(loss_fn, device_ids=[d.device.index] if d.device.type == "cuda" else None) \
-        if d.initialized else loss_fn
+    if fsdp:
+        ddp = loss_fn  # FSDP reduce-scatters (averages) each micro-batch's gradient shards
+    else:
+        loss_fn = CausalLMLoss(model, sparse_logits=bool(cfg["sparse_logits"]))
+        ddp = DDP(loss_fn, device_ids=[d.device.index] if d.device.type == "cuda" else None) \
+            if d.initialized else loss_fn
     pad_multiple = int(cfg["pad_to_multiple_of"])
     collate = Collator(tokenizer.pad_token_id, pad_multiple)
     precision = resolve_precision(cfg["precision"], d.device, field="train.precision")
@@ -310,14 +353,14 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
             denom = mean_over_ranks(d, labels_here)
             loss_val, real, padded = backward_step(
                 ddp, step_examples, collate, float(cfg["group_cost_tokens"]), d.device,
-                precision == "bf16", no_sync=ddp.no_sync if d.initialized else None,
+                precision == "bf16", no_sync=ddp.no_sync if d.initialized and not fsdp else None,
                 denom=denom, pad_to_multiple_of=pad_multiple)
             # The gradients are summed over the ranks by now, so every rank sees the same norm
             # and stops together (a NaN loss on one rank makes every rank's gradient NaN).
             if float(cfg["grad_clip"]) > 0:
-                norm = float(torch.nn.utils.clip_grad_norm_(params, float(cfg["grad_clip"])))
+                norm = full_float(torch.nn.utils.clip_grad_norm_(params, float(cfg["grad_clip"])))
             else:
-                norm = float(torch.nn.utils.get_total_norm(
+                norm = full_float(torch.nn.utils.get_total_norm(
                     [p.grad for p in params if p.grad is not None]))
             check_finite(None, norm, step=step + 1, total=total_steps, run=run_name,
                          lr_field="train.lr", lr=float(cfg["lr"]), hint=CLIP_OR_FP32,
@@ -352,8 +395,53 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     metrics.update(drawn_metrics(gather_object(d, [sorted(s) for s in drawn]), examples))
     metrics["selection_epochs"] = None if subsets is None else len(subsets)
     metrics["precision"] = precision
+    metrics["trainable_params_per_rank"] = held
+    metrics["fsdp"], metrics["gradient_checkpointing"] = fsdp, bool(cfg["gradient_checkpointing"])
     metrics["hardware"] = hardware.describe()
     return metrics
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute each decoder layer in the backward pass (transformers' own, non-reentrant:
+    the same gradients, dropout included, with a layer's activations freed after its
+    forward)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise InputError(f"{type(model).__name__} does not support gradient checkpointing",
+                         field="train.gradient_checkpointing")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def shard(loss_fn, model):
+    """FSDP (torch's ``fully_shard``): one unit per decoder layer, the rest (embeddings,
+    final norm, LM head, tied or not) in the root unit around ``loss_fn``. Returns
+    ``loss_fn``, now sharded over the process group's ranks."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in getattr(model.get_decoder(), "layers", None) or []:
+        fully_shard(layer)
+    fully_shard(loss_fn)
+    return loss_fn
+
+
+def full_float(value) -> float:
+    """A scalar that may be a DTensor (a norm over FSDP-sharded gradients) as a float."""
+    return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
+
+
+def unsharded_copy(model, model_dir: str, cfg: dict):
+    """A plain copy of an FSDP-trained ``model`` with its full weights (every rank gathers
+    every weight, in the same order; for rank 0 to save)."""
+    from torch.distributed.tensor import DTensor
+
+    state = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+             for k, v in model.state_dict().items()}
+    plain = load_model(model_dir, cfg)
+    plain.load_state_dict(state)
+    return plain
 
 
 def record_step(log: dict, rows: list[list[float]], seconds: float) -> None:
@@ -449,6 +537,9 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
     d = distributed.setup(cfg["device"], cfg["backend"])
     try:
         rank_batch_size(cfg, d.world_size)  # before any loading
+        if cfg["fsdp"] and d.world_size < 2:
+            raise InputError("fsdp: true needs at least 2 ranks (this job has 1): shard over "
+                             "2 or more GPUs, or set fsdp: false", field="train.fsdp")
         threads = set_threads(cfg["num_threads"], d, job_threads)
         seed_everything(seed)
         tokenizer = load_tokenizer(model_dir)
@@ -458,6 +549,8 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
         ckpt_dir = Path(str(out_dir).rstrip("/") + ".ckpt") if int(cfg["checkpoint_every"]) > 0 else None
         metrics = train_loop(model, tokenizer, examples, clusters, cfg, d, distribution, seed,
                              ckpt_dir, run_name=f"train {out_dir}", subsets=subsets)
+        if cfg["fsdp"]:
+            model = unsharded_copy(model, model_dir, cfg)
         metrics.update({
             "total_time_s": round(time.perf_counter() - t_total, 4),
             "rejected_examples": rejected,

@@ -1,6 +1,10 @@
 # Data-parallel fine-tuning with torch.distributed, launched by torchrun:
 # one process per GPU (gloo CPU ranks in the embedded default). A one-GPU run is a plain
 # `python -m clusterft.train` process (no launcher, no process group: same model).
+# With train.gpus_per_node below the job's GPU count, the job spans gpus / gpus_per_node
+# SLURM nodes: srun starts one torchrun agent per node, meeting at a c10d rendezvous on the
+# allocation's first node (clusterft.launch; `snakemake -n -p` prints the command). threads,
+# mem_mb and the GPU request are then per node.
 # With train.checkpoint_every, checkpoints go to <model>.ckpt/ beside the declared outputs:
 # after a killed run, `snakemake --rerun-incomplete` deletes the incomplete outputs and the
 # rerun resumes from the checkpoint (tests/test_workflow.py kills one with SIGKILL).
@@ -20,13 +24,20 @@ rule train:
         f"benchmarks/out/train/{RUN}.tsv"
     conda:
         ENV
-    # One core per rank, capped at --cores (--threads shares them among the ranks, so
-    # jobs that run side by side do not oversubscribe the cores).
-    threads: lambda w: int(w.gpus)
+    # One core per rank on each node, capped at --cores (--threads shares them among the
+    # node's ranks, so jobs that run side by side do not oversubscribe the cores).
+    threads: lambda w: train_job(w)["ranks_per_node"]
     resources:
-        mem_mb=lambda w: 4000 * int(w.gpus),
+        mem_mb=lambda w: 4000 * train_job(w)["ranks_per_node"],
         runtime=600,
-        gpu=lambda w: int(w.gpus) if USE_GPU else 0,
+        gpu=lambda w: train_job(w)["gpu"],
+        # several nodes: sbatch --nodes, one task per node, the job's own srun ("mpi", so
+        # Snakemake's SLURM job step runs the command as it is), GPUs per node; unset else
+        nodes=lambda w: train_job(w)["nodes"],
+        tasks=lambda w: train_job(w)["tasks"],
+        mpi=lambda w: train_job(w)["mpi"],
+        gres=lambda w: train_job(w)["gres"],
+        tasks_per_gpu=lambda w: train_job(w)["tasks_per_gpu"],
     params:
         launcher=train_launcher,
         cfg=train_cfg,
