@@ -6,6 +6,11 @@ single `lm_eval.simple_evaluate` call and writes `results.json` in the design fo
 (`{"tasks": {name: {metric, value, stderr, n}}, "average"}`) plus lm-eval's raw results
 beside it (`<stem>.lm_eval.json`).
 
+Sharding (`evaluate.shards`, for many tasks on a cluster): `shard_tasks` deals a run's tasks
+round-robin into jobs, each a `run_evaluate` over its tasks; `merge_shards` joins them into
+the outputs one job writes. Equal because lm-eval scores each task on its own: its items,
+seeds and metrics do not depend on the other tasks of the call (tests/test_evaluate_shards.py).
+
 BOS: lm-eval's `hf` model with `add_bos_token` unset calls the tokenizer with its default
 `add_special_tokens=True`, so our tokenizer's post-processor prepends exactly one `<s>` to
 each context (and to the context+continuation pair, which lm-eval splits after the
@@ -52,8 +57,19 @@ DEFAULTS: dict[str, Any] = {
     "limit": None,
     # "auto" (cuda:0 when available, else cpu), "cpu" or a torch device string.
     "device": "auto",
-    # Model weights dtype passed to lm-eval's hf model.
+    # Model weights dtype passed to lm-eval's hf model: float32, bfloat16, float16 or auto
+    # (the dtype in the model's config).
     "dtype": "float32",
+    # Split the model over the job's GPUs (lm-eval hf model arg `parallelize`, accelerate's
+    # device_map "auto"): for models that do not fit on one GPU. Needs a GPU device.
+    "parallelize": False,
+    # GPUs one evaluate job requests (the rule's `gpu` resource on a GPU cluster); more than
+    # 1 needs parallelize: true, else the extra GPUs would sit idle.
+    "gpus": 1,
+    # Evaluate each run's tasks in this many jobs (tasks dealt round-robin, at most one job
+    # per task), merged into the same results.json, results.lm_eval.json, items.parquet and
+    # tasks/ as one job writes; 1 is one job per run.
+    "shards": 1,
     # Context length in tokens for lm-eval; null uses the model's max_position_embeddings.
     "max_length": None,
     # Torch CPU threads for the evaluation; null leaves torch's default.
@@ -78,9 +94,28 @@ FILTER = {"multiple_choice": "none", "generate_until": "strip"}
 TEMPLATE = {"multiple_choice": "multiple_choice.yaml", "generate_until": "generate_until.yaml"}
 
 
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
 def merge_cfg(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Return DEFAULTS overridden by cfg; unknown keys are an error."""
-    return merge_section(DEFAULTS, cfg, "evaluate")
+    """Return DEFAULTS overridden by cfg; unknown keys and bad values are an InputError
+    naming the field (checked with the config, before any job runs)."""
+    out = merge_section(DEFAULTS, cfg, "evaluate")
+    for key in ("batch_size", "max_gen_toks", "gpus", "shards"):
+        if out[key] < 1:
+            raise InputError(f"must be a positive integer, got {out[key]!r}",
+                             field=f"evaluate.{key}")
+    if out["dtype"] not in DTYPES:
+        raise InputError(f"unknown dtype {out['dtype']!r}; valid: {', '.join(DTYPES)}",
+                         field="evaluate.dtype")
+    if out["parallelize"] and str(out["device"]) == "cpu":
+        raise InputError("parallelize splits the model over GPUs; it needs device auto or "
+                         "cuda, not cpu", field="evaluate.parallelize")
+    if out["gpus"] > 1 and not out["parallelize"]:
+        raise InputError(f"{out['gpus']} GPUs per evaluate job need parallelize: true (one "
+                         "model copy uses one GPU; the others would sit idle)",
+                         field="evaluate.gpus")
+    return out
 
 
 def _templates_dir(cfg: Mapping[str, Any]) -> Path:
@@ -474,6 +509,10 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
                          field="evaluate.confirm_run_unsafe_code")
     write_task_yamls([{k: s[k] for k in ("name", "output_type", "unsafe_code")} for s in specs],
                      item_dirs, tasks_dir, cfg)
+    if cfg["confirm_run_unsafe_code"]:
+        # The hub's code_eval metric (lm-eval's humaneval, mbpp) refuses to run, already when
+        # their task modules are imported, unless this is set; the config has confirmed it.
+        os.environ["HF_ALLOW_CODE_EVAL"] = "1"
 
     import torch
     if cfg["num_threads"]:
@@ -486,6 +525,8 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
     t_import = time.perf_counter() - t0
 
     model_args: dict[str, Any] = {"pretrained": model_dir, "dtype": cfg["dtype"]}
+    if cfg["parallelize"]:
+        model_args["parallelize"] = True
     if cfg["max_length"]:
         model_args["max_length"] = int(cfg["max_length"])
     # include_defaults=False: index only our YAMLs (no clash with built-in task names such
@@ -520,4 +561,140 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
     write_json(out_json, summary)
     provenance.write(outputs, "evaluate", checked,
                      inherit=("model",), config=dict(cfg), seed=seed)
+    return summary
+
+
+def shard_tasks(tasks: list[Any], shards: int) -> list[list[Any]]:
+    """Deal a run's tasks round-robin into at most `shards` non-empty groups (fewer where
+    there are fewer tasks): group i holds tasks i, i+n, i+2n, ... of the list.
+
+    A task is never split: lm-eval scores each task's items within one call, so a task's
+    results do not depend on which other tasks share its job."""
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise InputError(f"must be a positive integer, got {shards!r}", field="evaluate.shards")
+    n = min(shards, len(tasks))
+    return [list(tasks[i::n]) for i in range(n)]
+
+
+# lm-eval result keys that map task (or group) name -> value; merged by union over shards.
+_PER_TASK_KEYS = ("results", "groups", "group_subtasks", "configs", "versions", "n-shot",
+                  "higher_is_better", "n-samples", "task_hashes")
+
+
+def merge_raw(raws: list[Mapping[str, Any]], order: list[str]) -> dict[str, Any]:
+    """One lm-eval results dict from the shards' raw results: per-task maps united (tasks in
+    `order`, then any group entries), run-level fields from the first shard, the evaluation
+    time summed and the start/end times widened; `clusterft_shards` lists each shard's
+    tasks."""
+    out: dict[str, Any] = dict(raws[0])
+    rank = {name: i for i, name in enumerate(order)}
+    for key in _PER_TASK_KEYS:
+        if not any(key in r for r in raws):
+            continue
+        merged: dict[str, Any] = {}
+        for r in raws:
+            merged.update(r.get(key) or {})
+        out[key] = {k: merged[k] for k in sorted(merged, key=lambda k: rank.get(k, len(rank)))}
+    times = [r.get("total_evaluation_time_seconds") for r in raws]
+    if all(t is not None for t in times):
+        out["total_evaluation_time_seconds"] = str(sum(float(t) for t in times))
+    for key, pick in (("start_time", min), ("end_time", max)):
+        vals = [r[key] for r in raws if isinstance(r.get(key), (int, float))]
+        if vals:
+            out[key] = pick(vals)
+    out["clusterft_shards"] = [list((r.get("results") or {}).keys()) for r in raws]
+    return out
+
+
+def merge_shards(shard_results: list[str | os.PathLike], tasks: list[Any],
+                 item_dirs: str | os.PathLike | list[str | os.PathLike],
+                 cfg: Mapping[str, Any] | None, out_json: str | os.PathLike,
+                 tasks_dir: str | os.PathLike, seed: int = 0,
+                 out_items: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Merge the shards of one run's evaluation (each a `run_evaluate` output: results.json
+    with `<stem>.lm_eval.json` and, with `out_items`, items.parquet beside it) into the
+    outputs one `run_evaluate` over all `tasks` writes: the same task results, average,
+    per-item rows (tasks in the run's order) and task YAMLs; `meta` sums the shards' times.
+
+    Every task must come from exactly one shard, and all shards from the same model and seed
+    (InputError naming the shard file otherwise)."""
+    import pandas as pd
+
+    from .io import read_json, write_parquet
+
+    cfg = merge_cfg(cfg)
+    if not shard_results:
+        raise InputError("no evaluation shards to merge", field="evaluate.shards")
+    paths = [Path(p) for p in shard_results]
+    raw_paths = [p.with_name(p.stem + ".lm_eval.json") for p in paths]
+    item_paths = [p.with_name("items.parquet") for p in paths] if out_items is not None else []
+    checked = provenance.check_inputs({"shards": paths, "raw": raw_paths, "items": item_paths},
+                                      "evaluate merge")
+    repo_tasks, builtin = split_builtin(tasks, item_dirs)
+    order = list(builtin) + [s["name"] for s in _resolve_specs(repo_tasks, item_dirs)]
+    summaries = [read_json(p) for p in paths]
+    seen: dict[str, Path] = {}
+    for p, s in zip(paths, summaries):
+        if not isinstance(s, dict) or not isinstance(s.get("tasks"), dict):
+            raise InputError("evaluation shard needs a 'tasks' object", path=str(p), field="tasks")
+        for name in s["tasks"]:
+            if name in seen:
+                raise InputError(f"task {name!r} is also in shard {seen[name]}", path=str(p),
+                                 field=f"tasks.{name}")
+            if name not in order:
+                raise InputError(f"task {name!r} is not one of the run's tasks {order}",
+                                 path=str(p), field=f"tasks.{name}")
+            seen[name] = p
+        for key in ("model_dir", "seed"):
+            if s.get("meta", {}).get(key) != summaries[0].get("meta", {}).get(key):
+                raise InputError(f"shards of one run differ in {key}: "
+                                 f"{s.get('meta', {}).get(key)!r} here, "
+                                 f"{summaries[0].get('meta', {}).get(key)!r} in {paths[0]}",
+                                 path=str(p), field=f"meta.{key}")
+    missing = [t for t in order if t not in seen]
+    if missing:
+        raise InputError(f"no shard evaluated tasks {missing}",
+                         path=str(paths[0].parent.parent), field="tasks")
+    write_task_yamls([{k: s[k] for k in ("name", "output_type", "unsafe_code")}
+                      for s in _resolve_specs(repo_tasks, item_dirs)], item_dirs, tasks_dir, cfg)
+    Path(tasks_dir).mkdir(parents=True, exist_ok=True)
+    by_task = {name: t for s in summaries for name, t in s["tasks"].items()}
+    task_results = {name: by_task[name] for name in order}
+    values = [t["value"] for t in task_results.values()]
+    metas = [s.get("meta", {}) for s in summaries]
+    over = {k: v for m in metas for k, v in (m.get("items_over_context") or {}).items()}
+    summary = {"tasks": task_results, "average": float(sum(values) / len(values)),
+               "meta": {"model_dir": metas[0].get("model_dir"), "seed": metas[0].get("seed"),
+                        "limit": cfg["limit"], "batch_size": int(cfg["batch_size"]),
+                        "wall_time_s": round(sum(m.get("wall_time_s", 0.0) for m in metas), 3),
+                        "lm_eval_import_s": round(sum(m.get("lm_eval_import_s", 0.0)
+                                                      for m in metas), 3),
+                        "items_over_context": {k: over[k] for k in order if k in over},
+                        "shards": [list(s["tasks"]) for s in summaries]}}
+    out_json = Path(out_json)
+    raw_path = out_json.with_name(out_json.stem + ".lm_eval.json")
+    outputs = {"results": out_json, "raw": raw_path}
+    if out_items is not None:
+        frames = [pd.read_parquet(p) for p in item_paths]
+        items = pd.concat(frames, ignore_index=True)
+        rank = {name: i for i, name in enumerate(order)}
+        items = items.iloc[items["task"].map(rank).argsort(kind="stable")].reset_index(drop=True)
+        for name, t in task_results.items():
+            vals = items.loc[items["task"] == name, "value"]
+            if vals.empty or abs(vals.mean() - t["value"]) > 1e-9:
+                raise InputError(f"task {name!r}: the shard's per-item scores do not give its "
+                                 f"{t['metric']} {t['value']}", path=str(seen[name]),
+                                 field=f"tasks.{name}")
+        write_parquet(out_items, items)
+        outputs["items"] = out_items
+    raw = merge_raw([read_json(p) for p in raw_paths], order)
+    for name, conf in (raw.get("configs") or {}).items():  # the merged tasks/ YAML, same text
+        meta = conf.get("metadata") if isinstance(conf, dict) else None
+        own = Path(tasks_dir).resolve() / f"{name}.yaml"
+        if isinstance(meta, dict) and meta.get("config_source") and own.exists():
+            meta["config_source"] = str(own)
+    write_text(raw_path, json.dumps(_jsonable(raw), indent=2) + "\n")
+    write_json(out_json, summary)
+    provenance.write(outputs, "evaluate", checked, inherit=("shards",), config=dict(cfg),
+                     seed=seed)
     return summary

@@ -1,45 +1,136 @@
 # lm-eval on the benchmarks of the run's domain (repo-defined tasks in the embedded
-# default; named lm-eval tasks with config/paper.yaml).
+# default; named lm-eval tasks with config/paper.yaml). With evaluate.shards > 1 each run's
+# tasks are evaluated in that many jobs (evaluate_shard) and merged (evaluate) into the
+# same outputs.
+EVAL_GPUS = EVAL["gpus"] if USE_GPU else 0
+SHARD = "shards/{shard}-of-{nshards}"
 
+if EVAL["shards"] == 1:
 
-rule evaluate:
-    input:
-        model=f"results/train/{RUN}/model",
-        task_items=task_item_dirs,
-    output:
-        results=f"results/eval/{RUN}/results.json",
-        raw=f"results/eval/{RUN}/results.lm_eval.json",
-        per_item=f"results/eval/{RUN}/items.parquet",
-        tasks=directory(f"results/eval/{RUN}/tasks"),
-    log:
-        f"logs/evaluate/{RUN}.log",
-    benchmark:
-        f"benchmarks/out/evaluate/{RUN}.tsv"
-    conda:
-        ENV
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=120,
-        gpu=1 if USE_GPU else 0,
-    params:
-        tasks=eval_tasks,
-        cfg=section("evaluate"),
-    script:
-        "../scripts/evaluate.py"
+    rule evaluate:
+        input:
+            model=f"results/train/{RUN}/model",
+            task_items=task_item_dirs,
+        output:
+            results=f"results/eval/{RUN}/results.json",
+            raw=f"results/eval/{RUN}/results.lm_eval.json",
+            per_item=f"results/eval/{RUN}/items.parquet",
+            tasks=directory(f"results/eval/{RUN}/tasks"),
+        log:
+            f"logs/evaluate/{RUN}.log",
+        benchmark:
+            f"benchmarks/out/evaluate/{RUN}.tsv"
+        conda:
+            ENV
+        threads: 1
+        resources:
+            mem_mb=4000,
+            runtime=120,
+            gpu=1 if USE_GPU else 0,
+        params:
+            tasks=eval_tasks,
+            cfg=section("evaluate"),
+        script:
+            "../scripts/evaluate.py"
 
+    # The base model before fine-tuning, on the same tasks.
+    use rule evaluate as evaluate_base with:
+        input:
+            model="results/models/{model}/base",
+            task_items=task_item_dirs,
+        output:
+            results="results/eval/{dataset}/{model}/base/results.json",
+            raw="results/eval/{dataset}/{model}/base/results.lm_eval.json",
+            per_item="results/eval/{dataset}/{model}/base/items.parquet",
+            tasks=directory("results/eval/{dataset}/{model}/base/tasks"),
+        log:
+            "logs/evaluate/{dataset}/{model}/base.log",
+        benchmark:
+            "benchmarks/out/evaluate/{dataset}/{model}/base.tsv"
 
-# The base model before fine-tuning, on the same tasks.
-use rule evaluate as evaluate_base with:
-    input:
-        model="results/models/{model}/base",
-        task_items=task_item_dirs,
-    output:
-        results="results/eval/{dataset}/{model}/base/results.json",
-        raw="results/eval/{dataset}/{model}/base/results.lm_eval.json",
-        per_item="results/eval/{dataset}/{model}/base/items.parquet",
-        tasks=directory("results/eval/{dataset}/{model}/base/tasks"),
-    log:
-        "logs/evaluate/{dataset}/{model}/base.log",
-    benchmark:
-        "benchmarks/out/evaluate/{dataset}/{model}/base.tsv"
+else:
+
+    # One shard: the run's model on every evaluate.shards-th task.
+    rule evaluate_shard:
+        input:
+            model=f"results/train/{RUN}/model",
+            task_items=task_item_dirs,
+        output:
+            results=f"results/eval/{RUN}/{SHARD}/results.json",
+            raw=f"results/eval/{RUN}/{SHARD}/results.lm_eval.json",
+            per_item=f"results/eval/{RUN}/{SHARD}/items.parquet",
+            tasks=directory(f"results/eval/{RUN}/{SHARD}/tasks"),
+        log:
+            f"logs/evaluate_shard/{RUN}/{SHARD}.log",
+        benchmark:
+            f"benchmarks/out/evaluate_shard/{RUN}/{SHARD}.tsv"
+        wildcard_constraints:
+            shard=r"[0-9]+",
+            nshards=r"[0-9]+",
+        conda:
+            ENV
+        threads: 1
+        resources:
+            mem_mb=4000,
+            runtime=120,
+            gpu=EVAL_GPUS,
+        params:
+            tasks=eval_shard_tasks,
+            cfg=section("evaluate"),
+        script:
+            "../scripts/evaluate.py"
+
+    use rule evaluate_shard as evaluate_base_shard with:
+        input:
+            model="results/models/{model}/base",
+            task_items=task_item_dirs,
+        output:
+            results=f"results/eval/{{dataset}}/{{model}}/base/{SHARD}/results.json",
+            raw=f"results/eval/{{dataset}}/{{model}}/base/{SHARD}/results.lm_eval.json",
+            per_item=f"results/eval/{{dataset}}/{{model}}/base/{SHARD}/items.parquet",
+            tasks=directory(f"results/eval/{{dataset}}/{{model}}/base/{SHARD}/tasks"),
+        log:
+            f"logs/evaluate_shard/{{dataset}}/{{model}}/base/{SHARD}.log",
+        benchmark:
+            f"benchmarks/out/evaluate_shard/{{dataset}}/{{model}}/base/{SHARD}.tsv"
+
+    # The shards merged into the outputs one evaluate job writes (CPU only, seconds).
+    rule evaluate:
+        input:
+            unpack(eval_shards(f"results/eval/{RUN}")),
+            task_items=task_item_dirs,
+        output:
+            results=f"results/eval/{RUN}/results.json",
+            raw=f"results/eval/{RUN}/results.lm_eval.json",
+            per_item=f"results/eval/{RUN}/items.parquet",
+            tasks=directory(f"results/eval/{RUN}/tasks"),
+        log:
+            f"logs/evaluate/{RUN}.log",
+        benchmark:
+            f"benchmarks/out/evaluate/{RUN}.tsv"
+        conda:
+            ENV
+        threads: 1
+        resources:
+            mem_mb=2000,
+            runtime=10,
+            gpu=0,
+        params:
+            tasks=eval_tasks,
+            cfg=section("evaluate"),
+        script:
+            "../scripts/evaluate_merge.py"
+
+    use rule evaluate as evaluate_base with:
+        input:
+            unpack(eval_shards("results/eval/{dataset}/{model}/base")),
+            task_items=task_item_dirs,
+        output:
+            results="results/eval/{dataset}/{model}/base/results.json",
+            raw="results/eval/{dataset}/{model}/base/results.lm_eval.json",
+            per_item="results/eval/{dataset}/{model}/base/items.parquet",
+            tasks=directory("results/eval/{dataset}/{model}/base/tasks"),
+        log:
+            "logs/evaluate/{dataset}/{model}/base.log",
+        benchmark:
+            "benchmarks/out/evaluate/{dataset}/{model}/base.tsv"
