@@ -7,6 +7,8 @@ so tests of score/cluster/train/evaluate can run a real model end to end.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory) -> Path:
+    """One finished local run of the smoke config (.test/config.yaml): every rule, torchrun
+    ranks, lm-eval, the report. Shared by the session; tests that change a run copy it."""
+    root = Path(__file__).resolve().parents[1]
+    workdir = tmp_path_factory.mktemp("smoke")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(root / "Snakefile"), "--directory",
+           str(workdir), "--configfile", str(root / ".test" / "config.yaml"), "--cores", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=workdir)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+    return workdir

@@ -49,11 +49,8 @@ def planned_rules(workdir: Path, *args: str, configfile: Path = SMOKE) -> dict[s
     return rules
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("smoke")
-    snakemake(workdir)
-    return workdir
+# `smoke_run` (tests/conftest.py): one finished run of the smoke config, shared by the
+# session (test_slurm.py compares its SLURM run against it).
 
 
 def test_outputs_exist_and_are_real(smoke_run: Path) -> None:
@@ -514,3 +511,15 @@ def test_a_second_run_on_the_same_folder_is_refused_and_the_first_finishes(tmp_p
     assert first.returncode == 0, log[-3000:]
     assert json.loads((work / target / "pretrain_metrics.json").read_text())["steps"] > 0
     assert planned_rules(work, target) == {}  # complete: nothing left to redo
+
+
+def test_selection_overhead_table_matches_the_benchmark_files(smoke_run: Path) -> None:
+    """The report's selection-overhead table is the one clusterft.overhead computes from the
+    run's own Snakemake benchmark files."""
+    from clusterft.overhead import overhead_table, read_benchmarks
+
+    t = overhead_table(read_benchmarks(smoke_run / "benchmarks" / "out"))
+    csv = pd.read_csv(smoke_run / "results/tables/selection_overhead.csv")
+    assert len(csv) == len(t) > 0
+    assert csv["ratio"].tolist() == pytest.approx(t["ratio"].tolist())
+    assert (csv["ratio"] > 0).all()
