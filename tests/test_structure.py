@@ -16,7 +16,7 @@ PKG = ROOT / "workflow" / "clusterft"
 STAGES = {"data", "corpus", "decontaminate", "models", "score", "features", "trajectories",
           "cluster", "select", "train", "evaluate", "report"}
 # Entry points and tools above the stages: they may import anything.
-TOP = {"__main__", "cli", "config", "configdoc", "compare", "smk"}
+TOP = {"__main__", "cli", "config", "configdoc", "compare", "cost", "smk"}
 
 
 def imports(path: Path) -> set[str]:

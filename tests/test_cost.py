@@ -1,0 +1,123 @@
+"""The cost table (`python -m clusterft.cost`): its jobs are the workflow's own (per-rule
+counts equal an independent `snakemake -n`), and its GPU-hours follow the cost model's
+arithmetic exactly on a small config where every number can be worked out by hand."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clusterft import cost
+from clusterft.costmodel import H100_BF16_FLOPS, KNOWN_PARAMS
+from clusterft.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER = ROOT / "config" / "paper.yaml"
+
+
+def dry_run_counts(config: Path) -> dict[str, int]:
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "--quiet", "rules",
+                          "--configfile", str(config)], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return cost.job_stats(out.stdout + out.stderr)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_paper_config_counts_per_rule_equal_the_dry_run(tmp_path: Path) -> None:
+    expected = dry_run_counts(PAPER)
+    assert expected.get("train", 0) > 100  # the paper sweep, not an empty DAG
+    rc = cost.main(["--config", str(PAPER), "--out", str(tmp_path / "cost")])
+    assert rc == 0
+    table = read_csv(tmp_path / "cost.csv")
+    got = {r["rule"]: int(r["jobs"]) for r in table if r["rule"] != "total"}
+    assert got == expected
+    total = table[-1]
+    assert total["rule"] == "total" and int(total["jobs"]) == sum(expected.values())
+    assert float(total["gpu_hours"]) == pytest.approx(
+        sum(float(r["gpu_hours"]) for r in table[:-1]), abs=0.01)
+    gpu = {r["rule"]: float(r["gpu_hours"]) for r in table}
+    assert gpu["train"] > 0 and gpu["select"] == 0 and gpu["cluster"] == 0
+    jobs = read_csv(tmp_path / "cost_jobs.csv")
+    assert len(jobs) == sum(expected.values())
+    md = (tmp_path / "cost.md").read_text(encoding="utf-8")
+    assert "| **total** |" in md and "MFU" in md
+
+
+def small_config(path: Path) -> Path:
+    """One hub dataset of 6400 examples, the 7B model, one seed; full and random-0.5 at 4
+    GPUs (accuracy: balanced; time: random and balanced)."""
+    cfg = yaml.safe_load(PAPER.read_text(encoding="utf-8"))
+    cfg["datasets"] = {"codealpaca": {**cfg["datasets"]["codealpaca"], "n": 6400}}
+    cfg["models"] = {"llama7b": cfg["models"]["llama7b"]}
+    cfg["seeds"] = [0]
+    cfg["score"] = {"dim": 8192}
+    cfg["evaluate"] = {k: v for k, v in cfg["evaluate"].items() if k != "shards"}
+    cfg["sweep"] = {"methods": ["full", "random"], "budgets": [0.5],
+                    "accuracy": {"gpus": 4, "distribution": "balanced"},
+                    "time": {"methods": ["random"], "budgets": [0.5], "gpus": [4],
+                             "distributions": ["random", "balanced"], "seeds": [0]}}
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path
+
+
+def test_gpu_hours_arithmetic_on_a_small_config(tmp_path: Path) -> None:
+    config = small_config(tmp_path / "small.yaml")
+    mfu, overhead, tpe = 0.5, 0.1, 104  # 104: a multiple of pad_to_multiple_of (8)
+    table = cost.run_cost(config, tmp_path / "cost", {"codealpaca": tpe}, None, mfu=mfu,
+                          step_overhead_s=overhead, length_sigma=0.0)
+    gpu = {t["rule"]: t["gpu_hours"] for t in table}
+    jobs = {t["rule"]: t["jobs"] for t in table}
+    N = KNOWN_PARAMS["meta-llama/Llama-2-7b-hf"]
+    per_flop = 1 / (H100_BF16_FLOPS * mfu)
+    # train: LoRA 4N per token; 64 per step = 16 per GPU x 104 tokens, no padding; 4 epochs
+    # of 100 steps (full) and of 50 steps (random 0.5), each with both distributions.
+    step = 16 * tpe * 4 * N * per_flop + overhead
+    assert jobs["train"] == 4
+    assert gpu["train"] == pytest.approx(2 * 4 * (100 + 50) * step * 4 / 3600, rel=1e-9)
+    # score: warm-up 5% x 4 epochs (LoRA), 1 gradient pass (LoRA), 5 loss points (2N)
+    pool_tokens = 6400 * tpe
+    assert jobs["score"] == 1
+    assert gpu["score"] == pytest.approx(
+        pool_tokens * N * (0.05 * 4 * 4 + 4 + 5 * 2) * per_flop / 3600, rel=1e-9)
+    assert gpu["embedding_features"] == pytest.approx(pool_tokens * 2 * N * per_flop / 3600,
+                                                      rel=1e-9)
+    # evaluate: the two accuracy runs and the base model, the programming tasks each
+    tasks = ("humaneval", "mbpp", "mmlu_college_computer_science")
+    eval_tokens = sum(cost.EVAL_TASKS[t][0] * (cost.EVAL_TASKS[t][1] + cost.DECODE_PENALTY
+                                               * cost.EVAL_TASKS[t][2]) for t in tasks)
+    one_eval = eval_tokens * 2 * N * per_flop / 3600
+    assert gpu["evaluate"] == pytest.approx(2 * one_eval, rel=1e-9)
+    assert gpu["evaluate_base"] == pytest.approx(one_eval, rel=1e-9)
+    assert table[-1]["gpu_hours"] == pytest.approx(sum(t["gpu_hours"] for t in table[:-1]))
+
+
+def test_missing_estimates_and_bad_overrides_are_named(tmp_path: Path) -> None:
+    config = small_config(tmp_path / "small.yaml")
+    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    cfg["datasets"]["codealpaca"]["hf_dataset"] = "someone/unknown-dataset"
+    config.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    with pytest.raises(InputError, match="codealpaca.*--tokens-per-example codealpaca=N"):
+        cost.run_cost(config, tmp_path / "cost")
+    assert not (tmp_path / "cost.csv").exists()
+    assert cost.main(["--config", str(config), "--tokens-per-example", "codealpaca=lots",
+                      "--out", str(tmp_path / "cost")]) == 2
+
+
+def test_dry_run_parse_checks_its_own_job_stats() -> None:
+    text = ("rule train:\n    wildcards: dataset=a, gpus=4\n    resources: gpu=4\n\n"
+            "Job stats:\njob      count\n-----  -------\ntrain        2\ntotal        2\n")
+    with pytest.raises(RuntimeError, match="job stats"):
+        cost.parse_dry_run(text)
+    jobs = cost.parse_dry_run(text.replace("train        2", "train        1"))
+    assert jobs == [{"rule": "train", "wildcards": {"dataset": "a", "gpus": "4"},
+                     "resources": {"gpu": "4"}}]
