@@ -14,6 +14,12 @@
 
     python benchmarks/bench_job_overhead.py [--repeats 3]
     python benchmarks/bench_job_overhead.py --workdir /tmp/emb_full --dataset icd10 --size large
+    python benchmarks/bench_job_overhead.py --smoke
+
+``--smoke`` runs part 1 once each with a small model (seconds: most of it is importing
+torch, transformers and lm-eval) and skips part 2 unless ``--workdir`` names a finished
+run (it needs that run's base model, pool and full selection; building them is a whole
+workflow run). The ratios are printed last.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ EXIT_CHILD = """
 import sys, time
 import torch, lm_eval.evaluator
 from transformers import AutoModelForCausalLM, LlamaConfig
-cfg = LlamaConfig(vocab_size=2048, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+small = len(sys.argv) > 2 and sys.argv[2] == "smoke"
+cfg = LlamaConfig(vocab_size=256 if small else 2048, hidden_size=32 if small else 192,
+                  intermediate_size=64 if small else 512, num_hidden_layers=1 if small else 4,
                   num_attention_heads=4, num_key_value_heads=4)
 model = AutoModelForCausalLM.from_config(cfg)
 if sys.argv[1] == "freeze":
@@ -46,9 +54,9 @@ print(f"{time.time():.6f}", flush=True)
 """
 
 
-def exit_seconds(mode: str) -> float:
-    p = subprocess.run([sys.executable, "-c", EXIT_CHILD, mode], env=ENV, capture_output=True,
-                       text=True, check=True)
+def exit_seconds(mode: str, smoke: bool = False) -> float:
+    p = subprocess.run([sys.executable, "-c", EXIT_CHILD, mode, "smoke" if smoke else "full"],
+                       env=ENV, capture_output=True, text=True, check=True)
     end = time.time()
     return end - float(p.stdout.strip().splitlines()[-1])
 
@@ -77,14 +85,20 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, help="a finished run (for the 1 vs 2 rank rows)")
     ap.add_argument("--dataset", default="icd10")
     ap.add_argument("--size", default="large")
+    ap.add_argument("--smoke", action="store_true",
+                    help="part 1 once with a small model; part 2 only with --workdir")
     a = ap.parse_args()
+    if a.smoke:
+        a.repeats = 1
 
-    plain = min(exit_seconds("plain") for _ in range(a.repeats))
-    frozen = min(exit_seconds("freeze") for _ in range(a.repeats))
-    print("process exit after torch+transformers+lm-eval and a model (best of "
-          f"{a.repeats}):\n  normal {plain:.2f} s   freeze_for_exit {frozen:.2f} s   "
-          f"ratio {frozen / plain:.2f}")
+    plain = min(exit_seconds("plain", a.smoke) for _ in range(a.repeats))
+    frozen = min(exit_seconds("freeze", a.smoke) for _ in range(a.repeats))
+    print(f"process exit after torch+transformers+lm-eval and a {'small ' if a.smoke else ''}"
+          f"model (best of {a.repeats}):\n  normal {plain:.2f} s   freeze_for_exit "
+          f"{frozen:.2f} s")
     if a.workdir is None:
+        print("\n(1 vs 2 ranks skipped: it needs --workdir of a finished run)")
+        print(f"ratios: exit after freeze_for_exit / normal exit {frozen / plain:.2f}x")
         return
     print(f"\none epoch of {a.dataset} full, {a.size} model, global batch 32:")
     launches = (("1 rank, python", 1, False), ("1 rank, torchrun", 1, True),
@@ -104,8 +118,10 @@ def main() -> None:
     for name, wall, core_s, loop, steps in rows:
         print(f"  {name:18s} job {wall:6.1f} s  core-s {core_s:6.1f}  loop {loop:6.1f} s  "
               f"steps {steps}  overhead {wall - loop:5.1f} s")
-    print(f"  core-seconds 1 rank (python) / 1 rank (torchrun): {rows[0][2] / rows[1][2]:.2f}")
-    print(f"  core-seconds 1 rank (python) / 2 ranks (torchrun): {rows[0][2] / rows[2][2]:.2f}")
+    print("ratios:")
+    print(f"  exit after freeze_for_exit / normal exit {frozen / plain:.2f}x")
+    print(f"  core-seconds 1 rank (python) / 1 rank (torchrun): {rows[0][2] / rows[1][2]:.2f}x")
+    print(f"  core-seconds 1 rank (python) / 2 ranks (torchrun): {rows[0][2] / rows[2][2]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ projection) on N synthetic examples for the ``small`` and ``large`` model sizes 
 ``clusterft.models.DEFAULTS`` (or ``--sizes``), and extrapolates to ``--target`` examples.
 
     python benchmarks/bench_score.py [--repeats 4] [--threads 0] [--end-to-end 300]
+    python benchmarks/bench_score.py --smoke   (tiny sizes in seconds: a check that it runs)
+
+The ratios (each method's speed-up over the loop) are printed last.
 """
 
 from __future__ import annotations
@@ -75,11 +78,18 @@ def time_it(fn, repeats):
     return min(times), out
 
 
-def bench_grads(repeats: int) -> None:
+SMOKE = {"model": {"hidden": 32, "inter": 64, "layers": 1, "heads": 2, "vocab": 256, "r": 4},
+         "batch": {"n": 8, "max_len": 24, "prompt": 8, "vocab": 256}}
+
+
+def bench_grads(repeats: int, smoke: bool = False) -> list[tuple[str, float]]:
+    """Print the methods' table; return (method, speed-up over the loop) pairs."""
     from clusterft.score import per_example_grads
 
-    batch = random_batch()
-    models = {"sdpa": tiny_lora_llama(attn="sdpa"), "eager": tiny_lora_llama(attn="eager")}
+    mk, bk = (SMOKE["model"], SMOKE["batch"]) if smoke else ({}, {})
+    batch = random_batch(**bk)
+    models = {"sdpa": tiny_lora_llama(attn="sdpa", **mk),
+              "eager": tiny_lora_llama(attn="eager", **mk)}
     d = sum(p.numel() for p in models["sdpa"].parameters() if p.requires_grad)
     n_params = sum(p.numel() for p in models["sdpa"].parameters())
     print(f"Llama {n_params / 1e6:.2f}M params, LoRA D={d}, batch {tuple(batch['input_ids'].shape)}, "
@@ -98,9 +108,11 @@ def bench_grads(repeats: int) -> None:
         cos = torch.nn.functional.cosine_similarity(g, ref, dim=1).min().item()
         rows.append((label, sec, cos))
     loop = rows[0][1]
+    n = batch["input_ids"].shape[0]
     print(f"{'method':<20}{'s/batch':>10}{'ex/s':>10}{'vs loop':>10}{'min cos':>12}")
     for label, sec, cos in rows:
-        print(f"{label:<20}{sec:>10.3f}{32 / sec:>10.1f}{loop / sec:>9.2f}x{cos:>12.7f}")
+        print(f"{label:<20}{sec:>10.3f}{n / sec:>10.1f}{loop / sec:>9.2f}x{cos:>12.7f}")
+    return [(label, loop / sec) for label, sec, _ in rows[1:]]
 
 
 def synthetic_pool(n: int, seed: int = 0) -> list[dict]:
@@ -158,17 +170,24 @@ def main() -> None:
                     help="also time compute_features on N synthetic examples")
     ap.add_argument("--target", type=int, default=3000, help="pool size to extrapolate to")
     ap.add_argument("--sizes", nargs="+", default=["small", "large"])
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny model and batch, 1 repeat, no end-to-end part (seconds)")
     args = ap.parse_args()
+    if args.smoke:
+        args.repeats, args.end_to_end = 1, 0
+        args.threads = args.threads or 1
     if args.threads:
         torch.set_num_threads(args.threads)
     import warnings
 
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()
-    bench_grads(args.repeats)
+    ratios = bench_grads(args.repeats, args.smoke)
     if args.end_to_end:
         bench_end_to_end(args.end_to_end, args.target, args.sizes)
     print(f"\ntotal {time.perf_counter() - t0:.1f}s")
+    print("ratios, speed-up over the batch-size-1 loop: "
+          + ", ".join(f"{label} {r:.2f}x" for label, r in ratios))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ example a prompt without loss, on a randomly initialised Llama of the ``--size``
 
     python benchmarks/bench_train_step.py [--size small|large] [--threads 1]
     python benchmarks/bench_train_step.py --workdir /tmp/emb_full --dataset pycode --size large
+    python benchmarks/bench_train_step.py --smoke   (tiny model and batches, seconds)
+
+The ratios to the plain step are printed last.
 """
 
 from __future__ import annotations
@@ -62,15 +65,21 @@ def from_run(workdir: Path, dataset: str, size: str, max_length: int, n: int):
     return examples, model
 
 
+SMOKE_SIZE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2}
+
+
 def random_model(size: str, vocab: int):
-    """A randomly initialised Llama of config/config.yaml's models.<size>.size."""
+    """A randomly initialised Llama of config/config.yaml's models.<size>.size (``tiny``:
+    the smoke size)."""
     import yaml
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
     torch.manual_seed(0)
+    shape = SMOKE_SIZE if size == "tiny" else cfg["models"][size]["size"]
     return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, max_position_embeddings=512,
-                                        pad_token_id=0, **cfg["models"][size]["size"]))
+                                        pad_token_id=0, **shape))
 
 
 def step(model, loss_fn, batch_examples, collate, group_cost: float, plain: bool,
@@ -95,7 +104,12 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=192)
     ap.add_argument("--group-cost", type=float, default=256)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny model, 2 steps of 4 short examples, 1 repeat (seconds)")
     args = ap.parse_args()
+    if args.smoke:
+        args.size, args.workdir, args.batch, args.steps, args.repeats = "tiny", None, 4, 2, 1
+        args.median, args.max_length, args.group_cost = 16.0, 48, 16.0
     torch.set_num_threads(args.threads)
     n = args.batch * args.steps
     if args.workdir is not None:
@@ -139,6 +153,8 @@ def main() -> None:
     print(f"{'variant':<34}{'s/step':>9}{'ratio':>8}{'padded tok/step':>17}{'max |dgrad|':>13}")
     for name, s, p, diff in rows:
         print(f"{name:<34}{s:>9.4f}{s / base:>8.2f}{p:>17.0f}{diff:>13.2e}")
+    print("ratios, time per step over the plain padded step's: "
+          + ", ".join(f"{name} {s / base:.2f}x" for name, s, _, _ in rows[1:]))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("script,last", [("bench_cluster.py", "growth exponent"),
-                                         ("bench_projection.py", "ratios")])
+                                         ("bench_projection.py", "ratios"),
+                                         ("bench_sampler.py", "ratios"),
+                                         ("bench_gpu_token_cost.py", "ratios")])
 def test_benchmark_smoke_runs_and_prints_ratios_last(script: str, last: str) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke"],
                          capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -21,3 +23,120 @@ def test_benchmark_smoke_runs_and_prints_ratios_last(script: str, last: str) -> 
     tail = out.stdout.strip().splitlines()[-8:]
     assert any(last in line for line in tail), out.stdout[-2000:]
     assert any("x" in line and any(c.isdigit() for c in line) for line in tail)
+
+
+def _smoke(script: str) -> list[str]:
+    """stdout lines of ``benchmarks/<script> --smoke`` (which must succeed)."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()
+
+
+def _ratios(line: str) -> list[float]:
+    import re
+
+    return [float(v) for v in re.findall(r"(\d+\.\d+)x", line)]
+
+
+def test_bench_score_smoke_methods_agree_with_the_loop_and_ratios_last() -> None:
+    lines = _smoke("bench_score.py")
+    assert lines[-1].startswith("ratios") and len(_ratios(lines[-1])) == 4
+    table = [ln for ln in lines if ln.startswith(("loop", "hook", "func"))]
+    assert len(table) == 5
+    assert all(float(ln.split()[-1]) > 0.99999 for ln in table)  # min cosine to the loop
+
+
+def test_bench_train_step_smoke_rewrites_are_exact_and_ratios_last() -> None:
+    lines = _smoke("bench_train_step.py")
+    assert lines[-1].startswith("ratios") and len(_ratios(lines[-1])) >= 3
+    exact = [ln for ln in lines if ln.startswith(("micro-batches", "label-only head"))]
+    assert len(exact) == 3  # fp32 rewrites: float noise only
+    assert all(float(ln.split()[-1]) < 1e-5 for ln in exact)
+
+
+def test_bench_score_vs_train_smoke_prints_both_projections_last() -> None:
+    lines = _smoke("bench_score_vs_train.py")
+    assert lines[-3].startswith("ratios, score / train step")
+    for line, key in zip(lines[-2:], ("dense", "kronecker")):
+        assert line.split()[0] == key and len(_ratios(line)) == 4  # wall, then CPU
+        excluded, included, excluded_cpu, included_cpu = _ratios(line)
+        assert 0 < excluded < included and 0 < excluded_cpu < included_cpu  # warm-up costs
+    assert any("(48 examples trained)" in ln for ln in lines)
+
+
+def test_bench_job_overhead_smoke_skips_part_two_honestly() -> None:
+    lines = _smoke("bench_job_overhead.py")
+    assert any("skipped" in ln for ln in lines)
+    assert lines[-1].startswith("ratios") and len(_ratios(lines[-1])) == 1
+
+
+def test_gpu_token_cost_skips_clearly_without_a_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the script measures instead of skipping")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_token_cost.py")],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("skipped: no CUDA GPU")
+
+
+# --------------------------------------------------------------- the balancing anchors
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from balancing_anchors import (first_fit_decreasing, karmarkar_karp, kk_plan,  # noqa: E402
+                               multipack_plan)
+
+
+def test_first_fit_decreasing_packs_as_by_hand() -> None:
+    # sorted 5 4 3 3 2 2 1 into 10s: [5 4 1] and [3 3 2 2] (positions into the list)
+    assert first_fit_decreasing([3, 5, 2, 4, 1, 3, 2], 10) == [[1, 3, 4], [0, 5, 2, 6]]
+    assert first_fit_decreasing([3, 5, 2, 4, 1, 3, 2], 10, max_bins=1) is None
+    assert first_fit_decreasing([11], 10) is None
+
+
+def test_karmarkar_karp_is_the_largest_differencing_method() -> None:
+    # the textbook case where KK misses the perfect split {8,7} / {6,5,4}: difference 2
+    # (greedy longest-first gets 4), so this is KK, not a greedy deal
+    parts = karmarkar_karp([8, 7, 6, 5, 4], 2)
+    sums = sorted(sum([8, 7, 6, 5, 4][i] for i in p) for p in parts)
+    assert sums == [14, 16]
+    assert sorted(i for p in parts for i in p) == [0, 1, 2, 3, 4]
+    # equal size (verl's data-parallel setting): [1 2 | 3 4] -> {1,4} {2,3}
+    parts = karmarkar_karp([1, 2, 3, 4], 2, equal_size=True)
+    assert sorted(map(sorted, parts)) == [[0, 3], [1, 2]]
+    with pytest.raises(ValueError, match="divide"):
+        karmarkar_karp([1, 2, 3], 2, equal_size=True)
+
+
+def test_karmarkar_karp_equal_size_near_optimal_on_small_random_cases() -> None:
+    import itertools
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        x = rng.integers(1, 100, 8)
+        parts = karmarkar_karp(x.tolist(), 2, equal_size=True)
+        assert [len(p) for p in parts] == [4, 4]
+        kk = max(sum(x[p]) for p in parts)
+        best = min(max(x[list(c)].sum(), x.sum() - x[list(c)].sum())
+                   for c in itertools.combinations(range(8), 4))
+        assert best <= kk <= best + x.max() // 2  # within half an item of the optimum
+
+
+def test_anchor_plans_cover_every_index_and_respect_budgets() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 300, 203)
+    order = rng.permutation(203)
+    steps = multipack_plan(lengths, order, ranks=4, capacity=600)
+    flat = sorted(i for s in steps for b in s for i in b)
+    assert flat == list(range(203))
+    assert all(len(s) == 4 and all(lengths[b].sum() <= 600 for b in s) for s in steps)
+    with pytest.raises(ValueError, match="longest"):
+        multipack_plan(lengths, order, ranks=4, capacity=100)
+    plan = kk_plan(lengths, order, ranks=4, batch=8)
+    assert plan.shape == (6, 4, 8)  # 203 // 32 full global batches
+    assert sorted(plan.ravel().tolist()) == sorted(order[:192].tolist())

@@ -667,13 +667,16 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
                task_specs: Mapping[str, Any] | Iterable[Any] | None = None,
                cfg: Mapping[str, Any] | None = None,
                clusterings: Iterable[Mapping[str, Any]] | None = None,
-               labels: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+               labels: Mapping[str, str] | None = None,
+               run_dir: str | os.PathLike | None = None) -> dict[str, list[str]]:
     """Read every run's result files and write the tables, plots and findings.
 
     ``clusterings``: {dataset, model, seed, features, clusters, labels} records for the
     skill-recovery table; ``labels``: dataset -> labels.parquet for the per-label counts of
     the selections. With both, the diagnosis tables, the paired comparisons (from the runs'
-    per-item results) and claims.md are written too.
+    per-item results) and claims.md are written too. ``run_dir``: the run's folder (its
+    ``benchmarks/out`` and ``results``), for selection_overhead.{csv,md} (clusterft.overhead:
+    selection stages + training at the claim budget over full-data training).
     Returns {"tables": [...], "plots": [...]} with the paths written.
     """
     cfg = merge_section(DEFAULTS, cfg, "report")
@@ -715,6 +718,10 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
         written["tables"].append(str(tdir / "claims.md"))
         plot_skill_recovery(srs, cfg, pdir / "skill_recovery.png")
         written["plots"].append(str(pdir / "skill_recovery.png"))
+    if run_dir is not None:
+        from .overhead import write_tables
+
+        written["tables"] += write_tables(run_dir, tdir, float(cfg["claim_budget"]))
     for ds in dict.fromkeys(df["dataset"]):
         p = pdir / f"accuracy_vs_data_{ds}.png"
         plot_accuracy(acc, ds, tasks, task_specs, cfg, p)

@@ -20,4 +20,5 @@ with logged(snakemake.log[0]):
         cfg=snakemake.params.cfg,
         clusterings=list(snakemake.params.clusterings),
         labels=dict(snakemake.params.labels),
+        run_dir=".",
     )
