@@ -90,6 +90,40 @@ def test_k_larger_than_pool_is_rejected() -> None:
         check_config(cfg, source="my.yaml")
 
 
+def _paper() -> dict:
+    return yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+
+
+@pytest.mark.parametrize("method, group, field", [
+    ("oracle", "methods", r"sweep\.methods\[3\].*'codealpaca' has none"),
+    ("less", "baselines", r"sweep\.baselines\.methods\[4\].*validation items"),
+    ("rds", "baselines", r"sweep\.baselines\.methods\[4\].*validation items"),
+])
+def test_methods_whose_inputs_the_config_lacks_are_refused(method, group, field) -> None:
+    """The paper config's hub pools have no labels and its lm-eval tasks no validation
+    items: the oracle and the target-aware baselines are refused before any job."""
+    cfg = _paper()
+    check_config(cfg)  # as shipped: accepted
+    if group == "methods":
+        cfg["sweep"]["methods"].append(method)
+    else:
+        cfg["sweep"]["baselines"]["methods"].append(method)
+    with pytest.raises(InputError, match=field):
+        check_config(cfg, source="paper.yaml")
+
+
+def test_a_labelled_hub_pool_admits_the_oracle() -> None:
+    cfg = _paper()
+    cfg["sweep"]["methods"].append("oracle")
+    for spec in cfg["datasets"].values():
+        spec["columns"] = {**spec["columns"], "label": "category"}
+    check_config(cfg)
+    first = next(iter(cfg["datasets"].values()))
+    first["columns"].pop("label")
+    with pytest.raises(InputError, match="oracle"):
+        check_config(cfg)
+
+
 def test_missing_model_path_is_rejected(tmp_path: Path) -> None:
     cfg = _edit(lambda c: c["models"].update(mine={"source": "path", "path": str(tmp_path / "nope")}))
     with pytest.raises(InputError, match=r"models\.mine\.path.*does not exist"):

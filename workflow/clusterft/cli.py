@@ -79,6 +79,41 @@ def _score(a: argparse.Namespace) -> Any:
                      targets=targets, out_targets=a.out_targets, out_target_ids=a.out_target_ids)
 
 
+def _score_cfg(a: argparse.Namespace) -> dict:
+    cfg = {**_section(a.config), **({"dim": a.dim} if a.dim else {})}
+    if getattr(a, "shards", None) and isinstance(a.shards, int):
+        cfg["shards"] = a.shards
+    return cfg
+
+
+def _score_warmup(a: argparse.Namespace) -> Any:
+    from .score import run_score_warmup
+
+    policy = {k: v for k, v in (("max_length", a.train_max_length), ("truncation", a.truncation))
+              if v is not None}
+    return run_score_warmup(a.model, a.pool, _score_cfg(a), a.out, seed=a.seed,
+                            length_policy=policy or None)
+
+
+def _score_shard(a: argparse.Namespace) -> Any:
+    from .score import run_score_shard
+
+    targets = (a.items, a.tasks) if a.tasks else None
+    return run_score_shard(a.model, a.pool, a.warmup, _score_cfg(a), a.shard, a.out,
+                           seed=a.seed, targets=targets)
+
+
+def _score_merge(a: argparse.Namespace) -> Any:
+    from .score import run_score_merge
+
+    cfg = {**_score_cfg(a), "shards": len(a.shards)}
+    targets = (a.items, a.tasks) if a.tasks else None
+    return run_score_merge(a.model, a.pool, a.warmup, a.shards, cfg, a.out_features,
+                           a.out_scores, seed=a.seed, out_trajectories=a.out_trajectories,
+                           targets=targets, out_targets=a.out_targets,
+                           out_target_ids=a.out_target_ids)
+
+
 def _features(a: argparse.Namespace) -> Any:
     from .features import run_features
 
@@ -193,6 +228,46 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out-trajectories", help="each example's warm-up loss trajectory (S2L)")
     targets_args(s, "LESS")
 
+    shard_help = ("score in several jobs (one GPU each): score-warmup once, score-shard "
+                  "--shard i for i in 0..N-1 (N = the config's shards or --n-shards), then "
+                  "score-merge: the same files as score")
+    s = stage("score-warmup", _score_warmup, "score's warm-up, shared by the shards; "
+              + shard_help)
+    s.add_argument("--model", required=True)
+    s.add_argument("--pool", required=True)
+    s.add_argument("--dim", type=int)
+    s.add_argument("--train-max-length", type=int,
+                   help="check the pool against train's max_length first (with --truncation)")
+    s.add_argument("--truncation", choices=POLICIES,
+                   help="train's policy for over-long examples; 'error'/'reject' fail here early")
+    s.add_argument("--out", required=True, help="the warm-up (.safetensors)")
+
+    s = stage("score-shard", _score_shard, "one shard of score's gradient pass (shard 0 "
+              "also the targets); " + shard_help)
+    s.add_argument("--model", required=True)
+    s.add_argument("--pool", required=True)
+    s.add_argument("--warmup", required=True, help="score-warmup's output")
+    s.add_argument("--dim", type=int)
+    s.add_argument("--shard", type=int, required=True, help="0 .. shards-1")
+    s.add_argument("--n-shards", dest="shards", type=int, help="shard count (else the config's)")
+    s.add_argument("--out", required=True, help="the shard (.npz)")
+    s.add_argument("--tasks", nargs="+", help="tasks whose <task>.val.jsonl are targets "
+                   "(LESS; shard 0 computes them)")
+    s.add_argument("--items", nargs="+", default=["results/tasks"],
+                   help="folders holding the <task>.val.jsonl files")
+
+    s = stage("score-merge", _score_merge, "merge score's shards into score's outputs; "
+              + shard_help)
+    s.add_argument("--model", required=True)
+    s.add_argument("--pool", required=True)
+    s.add_argument("--warmup", required=True, help="score-warmup's output")
+    s.add_argument("--dim", type=int)
+    s.add_argument("--shards", nargs="+", required=True, help="the shard files, in order")
+    s.add_argument("--out-features", required=True)
+    s.add_argument("--out-scores", required=True)
+    s.add_argument("--out-trajectories", help="each example's warm-up loss trajectory (S2L)")
+    targets_args(s, "LESS; as given to score-shard")
+
     s = stage("features", _features, "embedding or tfidf features in score's format")
     s.add_argument("--kind", required=True, choices=("embedding", "tfidf"))
     s.add_argument("--pool", required=True)
@@ -231,6 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
               "arguments as `python -m clusterft.train --help`")
     s.add_argument("rest", nargs=argparse.REMAINDER)
 
+    s = stage("cost", lambda a: None, "GPU-hours per rule and in total of a whole config's jobs "
+              "(--config: a complete workflow config); as `python -m clusterft.cost --help`")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+
     s = stage("evaluate", _evaluate, "lm-eval on repo-defined (or built-in) tasks")
     s.add_argument("--model", required=True)
     s.add_argument("--tasks", nargs="+", required=True)
@@ -255,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         from .train import main as train_main
 
         return train_main(argv[1:])
+    if argv[:1] == ["cost"]:
+        from .cost import main as cost_main  # its --config is a whole config, not a section
+
+        return cost_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         result = args.fn(args)

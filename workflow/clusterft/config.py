@@ -18,7 +18,7 @@ import yaml
 from .errors import InputError
 from .io import read_text
 from .hardware import cuda_visible, emulated_bf16_message, native_bf16_cpu
-from .names import DISTRIBUTIONS, METHODS
+from .names import DISTRIBUTIONS, METHODS, REFERENCES, TARGET_AWARE
 from .tokenize import POLICIES
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
@@ -141,6 +141,7 @@ def check_sections(cfg: dict) -> None:
               "train": train, "evaluate": evaluate, "report": report}
     for name, module in stages.items():
         check_keys(module.DEFAULTS, cfg.get(name), name)
+    evaluate.merge_cfg(cfg.get("evaluate"))  # values too: shards, gpus, dtype, parallelize
     check_keys(models.TOKENIZER_DEFAULTS, cfg.get("tokenizer"), "tokenizer")
     for name, m in (cfg.get("models") or {}).items():
         check_keys(pretrain.DEFAULTS, m.get("pretrain"), f"models.{name}.pretrain")
@@ -179,6 +180,41 @@ def tasks_for(cfg: dict, dataset: str) -> list[str]:
     source = spec.get("source", dataset)
     return [t.name for t in TASKS.values()
             if t.dataset == source and (not only or t.name in only)]
+
+
+def has_labels(spec: dict) -> bool:
+    """Whether a dataset's pool comes with true labels (labels.parquet holds more than the
+    placeholder): the built-in generators always; a user's JSONL with `label_field`; a hub
+    or local HF dataset with a `label` column mapped."""
+    source = spec.get("source")
+    if source == "jsonl":
+        return bool(spec.get("label_field"))
+    if source == "hf":
+        return bool((spec.get("columns") or {}).get("label"))
+    return True
+
+
+def check_method_inputs(cfg: dict, source: str = "config") -> None:
+    """Refuse, before any work, methods whose inputs the config cannot give: the oracle
+    reads true labels, LESS and RDS+ read the benchmark tasks' validation items (written
+    by prepare_data for the repo-defined tasks only, not for named lm-eval tasks)."""
+    sweep = cfg["sweep"]
+    named = bool((cfg.get("tasks") or {}).get("lm_eval_tasks"))
+    unlabelled = [d for d, spec in cfg["datasets"].items() if not has_labels(spec)]
+    groups = (("methods", sweep["methods"]),
+              ("baselines.methods", (sweep.get("baselines") or {}).get("methods", [])))
+    for key, methods in groups:
+        for i, m in enumerate(methods):
+            if m in REFERENCES and unlabelled:
+                raise config_error(
+                    f"method '{m}' selects on the true labels, but dataset "
+                    f"'{unlabelled[0]}' has none (map a `label` column under its columns, or "
+                    f"`label_field` for a JSONL pool), or drop '{m}'", source, f"sweep.{key}[{i}]")
+            if m in TARGET_AWARE and named:
+                raise config_error(
+                    f"method '{m}' selects by similarity to the benchmark tasks' validation "
+                    "items, which exist for the repo-defined tasks only (tasks.lm_eval_tasks "
+                    f"names lm-eval tasks); drop '{m}'", source, f"sweep.{key}[{i}]")
 
 
 def model_train_value(cfg: dict, model: str, key: str) -> tuple[Any, str]:
@@ -229,6 +265,23 @@ def config_warnings(cfg: dict, source: str = "config") -> list[str]:
     return out
 
 
+def check_shards(cfg: dict, source: str = "config") -> None:
+    """score.shards: an integer from 1 to every dataset's pool size (each score_shard job
+    gets at least one example's worth of the pool to split)."""
+    shards = (cfg.get("score") or {}).get("shards", 1)
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise config_error(f"score.shards must be an integer >= 1, got {shards!r}", source,
+                           "score.shards")
+    for name, d in cfg["datasets"].items():
+        n = d.get("n")
+        if n is None and d.get("source") == "jsonl" and d.get("path") and Path(d["path"]).is_file():
+            n = count_records(d["path"], stop=shards)
+            n = n if n < shards else None
+        if n is not None and shards > n:
+            raise config_error(f"score.shards = {shards} is larger than the pool of dataset "
+                               f"'{name}' ({n} examples)", source, "score.shards")
+
+
 def check_config(cfg: dict, source: str = "config") -> None:
     """Checks a schema cannot express; each error names the config field."""
     sweep = cfg["sweep"]
@@ -260,6 +313,7 @@ def check_config(cfg: dict, source: str = "config") -> None:
             if key in ("curve.methods", "distribution_ablation.methods") and m not in swept:
                 raise config_error(f"method '{m}' is in neither sweep.methods nor "
                                    "sweep.baselines.methods", source, f"sweep.{key}[{i}]")
+    check_method_inputs(cfg, source)
     dists = [("accuracy.distribution", sweep.get("accuracy", {}).get("distribution")),
              ("distribution_ablation.distribution", ablation.get("distribution"))]
     dists += [(f"time.distributions[{i}]", x)
@@ -282,6 +336,19 @@ def check_config(cfg: dict, source: str = "config") -> None:
                 raise config_error(f"global_batch_size {gbs} does not split evenly over "
                                    f"sweep.{key} = {x} GPUs; use a multiple of every GPU count",
                                    source, where)
+    for name in cfg["models"]:  # multi-node layout and FSDP against the sweep's GPU counts
+        per, where = model_train_value(cfg, name, "gpus_per_node")
+        fsdp, fsdp_where = model_train_value(cfg, name, "fsdp")
+        for key, x in gpus:
+            if not isinstance(x, int) or x <= 0:
+                continue
+            if isinstance(per, int) and not isinstance(per, bool) and 0 < per < x and x % per:
+                raise config_error(f"sweep.{key} = {x} GPUs do not split evenly into nodes of "
+                                   f"gpus_per_node = {per}", source, where)
+            if fsdp is True and x == 1:
+                raise config_error(f"fsdp: true needs at least 2 GPUs, but sweep.{key} trains "
+                                   f"model '{name}' on 1; set fsdp: false or use 2 or more GPUs",
+                                   source, fsdp_where)
     trunc = (cfg.get("train") or {}).get("truncation")
     if trunc is not None and trunc not in POLICIES:
         raise config_error(f"unknown truncation policy '{trunc}'; valid: {', '.join(POLICIES)}",
@@ -312,6 +379,7 @@ def check_config(cfg: dict, source: str = "config") -> None:
             if have < k:
                 raise config_error(f"cluster.k = {k} is larger than the pool of dataset '{name}': "
                                    f"{d['path']} holds {have} records", source, "cluster.k")
+    check_shards(cfg, source)
     for name, m in cfg["models"].items():
         if m.get("source") == "path" and not Path(m.get("path", "")).exists():
             raise config_error(f"model path '{m.get('path')}' does not exist", source,

@@ -36,6 +36,7 @@ from clusterft.names import (
     TARGET_AWARE,
     features_of,
 )
+from clusterft.evaluate import merge_cfg as eval_merge_cfg, shard_tasks
 from clusterft.config import (
     budget_label,
     check_config,
@@ -280,6 +281,32 @@ def eval_tasks(wildcards):
     return tasks_for(config, wildcards.dataset)
 
 
+# evaluate.shards > 1: each run's tasks in that many evaluate_shard jobs, then a merge.
+EVAL = eval_merge_cfg(config.get("evaluate"))
+
+
+def eval_shard_tasks(wildcards):
+    """The tasks of one shard of a run's evaluation."""
+    groups = shard_tasks(eval_tasks(wildcards), int(wildcards.nshards))
+    return groups[int(wildcards.shard)]
+
+
+def eval_shards(prefix):
+    """Input function: the shard outputs (results.json, raw, items) a run's merge reads."""
+
+    def inputs(wildcards):
+        folder = prefix.format(**dict(wildcards.items()))
+        n = len(shard_tasks(eval_tasks(wildcards), EVAL["shards"]))
+        shards = [f"{folder}/shards/{i}-of-{n}" for i in range(n)]
+        return {
+            "shards": [f"{s}/results.json" for s in shards],
+            "shard_raw": [f"{s}/results.lm_eval.json" for s in shards],
+            "shard_items": [f"{s}/items.parquet" for s in shards],
+        }
+
+    return inputs
+
+
 def canonical(obj):
     """A config value with dict keys sorted (recursively), so that reordering keys in a
     config file does not count as a change of a rule's params (no spurious reruns)."""
@@ -336,12 +363,23 @@ def train_cfg(wildcards):
 def train_launcher(wildcards):
     """One rank: plain `python` (torchrun's launcher process adds seconds per job and
     nothing else: one rank trains without a process group; benchmarks/bench_job_overhead.py).
-    More ranks: torchrun.
+    More ranks on one node: torchrun --standalone. More ranks than the model's
+    train.gpus_per_node: srun + one torchrun agent per node, c10d rendezvous
+    (clusterft.launch.launcher_shell).
     """
-    n = int(wildcards.gpus)
-    if n == 1:
-        return "python"
-    return f"torchrun --standalone --nnodes 1 --nproc-per-node {n}"
+    from clusterft.launch import launcher_shell
+
+    per_node = model_train_section(wildcards.model).get("gpus_per_node", 0)
+    return launcher_shell(int(wildcards.gpus), per_node, gpu=USE_GPU)
+
+
+def train_job(wildcards):
+    """The train job's ranks per node and SLURM resources over nodes, from its GPU count
+    and the model's train.gpus_per_node (clusterft.launch.job_resources)."""
+    from clusterft.launch import job_resources
+
+    per_node = model_train_section(wildcards.model).get("gpus_per_node", 0)
+    return job_resources(int(wildcards.gpus), per_node, gpu=USE_GPU)
 
 
 def length_policy(wildcards):
@@ -422,3 +460,31 @@ def select_epochs(wildcards):
 
     cfg = {**TRAIN_DEFAULTS, **model_train_section(wildcards.model)}
     return int(cfg["epochs"])
+
+
+# score.shards > 1: one score_warmup job, score.shards score_shard jobs, score merges
+# (workflow/rules/score.smk; clusterft.score, "sharded scoring").
+SCORE_SHARDS = int(config.get("score", {}).get("shards", 1))
+SCORE_WARMUP = "results/score/{dataset}/{model}/s{seed}/warmup.safetensors"
+SCORE_SHARD = "results/score/{dataset}/{model}/s{seed}/shards/shard{shard}.npz"
+
+
+def score_inputs(wildcards):
+    """The score rule's model, pool and task items; with shards, the warm-up and every
+    shard too (the rule then merges them)."""
+    out = {
+        "model": f"results/models/{wildcards.model}/base",
+        "pool": f"results/data/{wildcards.dataset}/pool.jsonl",
+        "task_items": task_item_dirs(wildcards),
+    }
+    if SCORE_SHARDS > 1:
+        out["warmup"] = SCORE_WARMUP.format(**wildcards)
+        out["shards"] = [
+            SCORE_SHARD.format(shard=i, **wildcards) for i in range(SCORE_SHARDS)
+        ]
+    return out
+
+
+def score_warmup_cfg(wildcards):
+    """The score section without `shards`: changing the job count keeps the warm-up."""
+    return {k: v for k, v in section("score").items() if k != "shards"}
