@@ -313,7 +313,6 @@ def check_config(cfg: dict, source: str = "config") -> None:
             if key in ("curve.methods", "distribution_ablation.methods") and m not in swept:
                 raise config_error(f"method '{m}' is in neither sweep.methods nor "
                                    "sweep.baselines.methods", source, f"sweep.{key}[{i}]")
-    check_method_inputs(cfg, source)
     dists = [("accuracy.distribution", sweep.get("accuracy", {}).get("distribution")),
              ("distribution_ablation.distribution", ablation.get("distribution"))]
     dists += [(f"time.distributions[{i}]", x)
@@ -411,3 +410,5 @@ def check_config(cfg: dict, source: str = "config") -> None:
                                    "the skills/pycode/icd10 generators, or set "
                                    f"tasks.lm_eval_tasks); defined tasks: {', '.join(TASKS)}",
                                    source, f"datasets.{name}")
+    # Last: a config whose files and sizes are right can still ask for a method it cannot feed.
+    check_method_inputs(cfg, source)
