@@ -176,6 +176,16 @@ def targets_args(s: argparse.ArgumentParser, what: str) -> None:
     s.add_argument("--out-target-ids", help="their ids and tasks (.parquet)")
 
 
+def score_pool_args(s) -> None:
+    """The model/pool arguments score and score-warmup share."""
+    s.add_argument("--model", required=True)
+    s.add_argument("--pool", required=True)
+    s.add_argument("--dim", type=int)
+    s.add_argument("--train-max-length", type=int,
+                   help="check the pool against train's max_length first (with --truncation)")
+    s.add_argument("--truncation", choices=POLICIES,
+                   help="train's policy for over-long examples; 'error'/'reject' fail here early")
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clusterft", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -216,13 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allow-downloads", action="store_true")
 
     s = stage("score", _score, "per-example LoRA-gradient features and scores")
-    s.add_argument("--model", required=True)
-    s.add_argument("--pool", required=True)
-    s.add_argument("--dim", type=int)
-    s.add_argument("--train-max-length", type=int,
-                   help="check the pool against train's max_length first (with --truncation)")
-    s.add_argument("--truncation", choices=POLICIES,
-                   help="train's policy for over-long examples; 'error'/'reject' fail here early")
+    score_pool_args(s)
     s.add_argument("--out-features", required=True)
     s.add_argument("--out-scores", required=True)
     s.add_argument("--out-trajectories", help="each example's warm-up loss trajectory (S2L)")
@@ -233,13 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "score-merge: the same files as score")
     s = stage("score-warmup", _score_warmup, "score's warm-up, shared by the shards; "
               + shard_help)
-    s.add_argument("--model", required=True)
-    s.add_argument("--pool", required=True)
-    s.add_argument("--dim", type=int)
-    s.add_argument("--train-max-length", type=int,
-                   help="check the pool against train's max_length first (with --truncation)")
-    s.add_argument("--truncation", choices=POLICIES,
-                   help="train's policy for over-long examples; 'error'/'reject' fail here early")
+    score_pool_args(s)
     s.add_argument("--out", required=True, help="the warm-up (.safetensors)")
 
     s = stage("score-shard", _score_shard, "one shard of score's gradient pass (shard 0 "

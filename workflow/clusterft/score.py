@@ -936,19 +936,9 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
             p.requires_grad_(flag)
         if base_attn and getattr(model.config, "_attn_implementation", None) != base_attn:
             model.set_attn_implementation(base_attn)
-    refuse_rows(np.flatnonzero((norms == 0).any(0)), "zero gradient",
-                "their loss no longer depends on the LoRA weights, as after a warm-up that "
-                "diverged into a saturated model", examples, cfg)
-    weights = checkpoint_weights(checkpoints)
-    features = combine_checkpoints([l2_normalize(p) for p in projected], weights)
-    scores = pool_scores(features)
+    features, scores, weights = pool_features(projected, norms, checkpoints, examples, cfg)
     if enc_targets is not None:
-        refuse_rows(np.flatnonzero(~np.isfinite(t_proj).all(2).all(0)), "non-finite target "
-                    "gradients", "the warm-up diverged or the model overflows", targets, cfg)
-        refuse_rows(np.flatnonzero((t_norms == 0).any(0)), "zero target gradient",
-                    "their loss does not depend on the LoRA weights", targets, cfg)
-        info["target_features"] = combine_checkpoints([l2_normalize(p) for p in t_proj],
-                                                      weights)
+        info["target_features"] = target_features(t_proj, t_norms, weights, targets, cfg)
         info["targets_truncated"] = t_trunc
     for key in ("exp_avg", "exp_avg_sq", "checkpoints"):
         info.pop(key, None)
@@ -962,6 +952,28 @@ def _compute(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
                  "warmup_seconds": round(t_warm, 2),
                  "seconds": round(time.perf_counter() - t0, 2)})
     return features, scores, norms[-1], info
+
+
+def pool_features(projected, norms, checkpoints, records, cfg) -> tuple:
+    """The pool's feature rows from its per-checkpoint projected gradients (one job's or the
+    merged shards'): rows with a zero gradient refused, each checkpoint L2-normalised and
+    combined with its learning-rate weight. Returns (features, scores, weights)."""
+    refuse_rows(np.flatnonzero((norms == 0).any(0)), "zero gradient",
+                "their loss no longer depends on the LoRA weights, as after a warm-up that "
+                "diverged into a saturated model", records, cfg)
+    weights = checkpoint_weights(checkpoints)
+    features = combine_checkpoints([l2_normalize(p) for p in projected], weights)
+    return features, pool_scores(features), weights
+
+
+def target_features(t_proj, t_norms, weights, records, cfg) -> np.ndarray:
+    """The validation targets' feature rows, combined like the pool's (non-finite or zero
+    target gradients refused)."""
+    refuse_rows(np.flatnonzero(~np.isfinite(t_proj).all(2).all(0)), "non-finite target "
+                "gradients", "the warm-up diverged or the model overflows", records, cfg)
+    refuse_rows(np.flatnonzero((t_norms == 0).any(0)), "zero target gradient",
+                "their loss does not depend on the LoRA weights", records, cfg)
+    return combine_checkpoints([l2_normalize(p) for p in t_proj], weights)
 
 
 def combine_checkpoints(rows: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
@@ -1537,12 +1549,7 @@ def run_score_merge(model_dir: str | os.PathLike, pool: str | os.PathLike,
         if trajectories is None:
             trajectories = np.full((n, b["trajectories"].shape[1]), np.nan, dtype=np.float32)
         trajectories[b["rows"]] = b["trajectories"]
-    refuse_rows(np.flatnonzero((norms == 0).any(0)), "zero gradient",
-                "their loss no longer depends on the LoRA weights, as after a warm-up that "
-                "diverged into a saturated model", records, cfg)
-    weights = checkpoint_weights(checkpoints)
-    features = combine_checkpoints([l2_normalize(p) for p in projected], weights)
-    scores = pool_scores(features)
+    features, scores, weights = pool_features(projected, norms, checkpoints, records, cfg)
     save_npy(out_features, features)
     write_parquet(out_scores, pd.DataFrame({"id": [r["id"] for r in records],
                                             "score": scores.astype(np.float64),
@@ -1563,12 +1570,7 @@ def run_score_merge(model_dir: str | os.PathLike, pool: str | os.PathLike,
             t_proj, t_norms = tb["target_projected"], tb["target_norms"]
             t_recs = [{"id": str(i)} for i in tb["target_ids"]]
             t_tasks = [str(t) for t in tb["target_tasks"]]
-            refuse_rows(np.flatnonzero(~np.isfinite(t_proj).all(2).all(0)), "non-finite "
-                        "target gradients", "the warm-up diverged or the model overflows",
-                        t_recs, cfg)
-            refuse_rows(np.flatnonzero((t_norms == 0).any(0)), "zero target gradient",
-                        "their loss does not depend on the LoRA weights", t_recs, cfg)
-            t_rows = combine_checkpoints([l2_normalize(p) for p in t_proj], weights)
+            t_rows = target_features(t_proj, t_norms, weights, t_recs, cfg)
             n_targets = len(t_recs)
         outputs.update(write_outputs(out_targets, out_target_ids, t_rows, t_recs, t_tasks,
                                      features.shape[1]))
