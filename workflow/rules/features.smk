@@ -24,6 +24,7 @@ rule embedding_features:
     resources:
         mem_mb=4000,
         runtime=60,
+        gpu=SCORE_GPU,
     params:
         cfg=section("features"),
         tasks=eval_tasks,

@@ -8,7 +8,9 @@
 
 SCORE_DIR = "results/score/{dataset}/{model}/s{seed}"
 SCORE_DEVICE = str(config.get("score", {}).get("device", "auto"))
-SCORE_GPU = 1 if SCORE_DEVICE.startswith("cuda") else 0
+# One GPU per job that runs the model (the warm-up, each shard, or the one score job):
+# score.device cuda, or auto where the training runs on GPUs (train.device: cuda).
+SCORE_GPU = int(SCORE_DEVICE.startswith("cuda") or (SCORE_DEVICE == "auto" and USE_GPU))
 
 
 wildcard_constraints:
@@ -84,6 +86,7 @@ rule score:
     resources:
         mem_mb=8000,
         runtime=240,
+        gpu=SCORE_GPU if SCORE_SHARDS == 1 else 0,
     params:
         cfg=section("score"),
         length_policy=length_policy,
