@@ -1,8 +1,7 @@
 """Snakemake wrapper: per-example gradient features, scores, loss trajectories and the
 validation examples' features (LESS's targets; empty where the tasks have none). With
 score.shards > 1 the warm-up and shards are inputs, and this merges them."""
-from clusterft.score import run_score
-from clusterft.score import run_score_merge
+from clusterft.score import run_score, run_score_merge
 from clusterft.smk import logged
 from clusterft.targets import available
 
