@@ -200,6 +200,15 @@ def slurm_smoke(slurm, tmp_path_factory) -> dict:
     return {"work": work, "log": text, "records": records, "plan": plan, "wall": wall}
 
 
+def failed_logs(text: str, limit: int = 6000) -> str:
+    """The failed jobs' logs as snakemake printed them (show-failed-logs), the rules' own
+    log first: a retried job's rule log is overwritten by the retry, so this is where the
+    cause of a failed attempt survives."""
+    blocks = re.findall(r"^Logfile (logs/\S+):\n=+\n(.*?)^={80}$", text, re.M | re.S)
+    return "\n".join(f"{name}:\n{body[-limit:]}" for name, body in blocks) \
+        or "(snakemake printed no failed job's log)"
+
+
 def test_every_job_of_the_run_went_through_sbatch(slurm_smoke: dict) -> None:
     """SLURM's own job record lists, rule by rule, exactly the jobs the run planned (each
     completed once; the fail-once rule has one failed attempt more); snakemake ran no job
@@ -210,7 +219,7 @@ def test_every_job_of_the_run_went_through_sbatch(slurm_smoke: dict) -> None:
     completed = Counter(r["rule"] for r in recs if r["JobState"] == "COMPLETED")
     assert completed == plan - Counter({"all": plan["all"]}), (completed, plan)
     failed = [r for r in recs if r["JobState"] != "COMPLETED"]
-    assert [r["rule"] for r in failed] == [FAIL_ONCE], failed
+    assert [r["rule"] for r in failed] == [FAIL_ONCE], (failed, failed_logs(text))
     assert {r["Name"] for r in recs} == set(re.findall(r"SLURM run ID: (\S+)", text))
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", text)
     assert sorted(submitted) == sorted(r["JobId"] for r in recs)

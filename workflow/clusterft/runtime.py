@@ -16,3 +16,27 @@ def freeze_for_exit() -> None:
     when the work is done.
     """
     gc.freeze()
+
+
+def end_rank(code: int = 0) -> None:
+    """End a rank of a multi-rank (torchrun) job now, once its work is written and its
+    process group destroyed: flush the streams and logging, then ``os._exit``.
+
+    The process group's C++ threads (gloo's) can otherwise race the interpreter's shutdown
+    and the static destructors: now and then a rank whose work was done died with SIGABRT
+    ("terminate called without an active exception"), and torchrun failed a finished job
+    (once in a SLURM smoke run; the same race as pytorch/pytorch#179291 describes). A
+    single-process run returns normally (the caller's ``sys.exit``)."""
+    import logging
+    import os
+    import sys
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

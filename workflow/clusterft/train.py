@@ -64,7 +64,7 @@ from .names import DISTRIBUTIONS, RANDOM_SPLIT
 from .optim import SCHEDULES
 from .pool import epoch_subsets, load_pool, read_selection, select_records
 from .precision import PRECISIONS, resolve_precision
-from .runtime import freeze_for_exit
+from .runtime import end_rank, freeze_for_exit
 from .tokenize import LENGTH_POLICY, POLICIES, encode_records
 
 FINETUNE = ("full", "lora")
@@ -600,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     freeze_for_exit()
+    end_rank(0)
     return 0
 
 
