@@ -250,7 +250,7 @@ def test_a_job_failing_once_is_retried_and_the_workflow_completes(slurm_smoke: d
 # different digests downstream; the files those sidecars describe are compared themselves.
 # claims.md and findings.md state the measured time ratios next to the accuracy verdicts
 # (whose numbers are compared in accuracy_vs_data and comparisons).
-WALL_TIME_FILES = re.compile(r"^(tables/(time|selection_overhead)\.(csv|md)|plots/time[^/]*\.png"
+WALL_TIME_FILES = re.compile(r"^(tables/(time|selection_overhead|balance_cost)\.(csv|md)|plots/time[^/]*\.png"
                              r"|tables/(claims|findings)\.md|report\.html|.*provenance\.json)$")
 
 

@@ -123,3 +123,29 @@ def test_skill_recovery_and_label_counts_from_files(tmp_path):
     assert ls["labels_missing"] == 1 and ls["n_labels"] == 3
     # the rarer half (pool count below the median 4): label c, none selected; pool share 2/12
     assert ls["rare_share"] == 0 and ls["rare_share_pool"] == pytest.approx(2 / 12)
+
+
+def test_speed_claim_is_read_against_the_cost_model_noise(tmp_path):
+    """With a balance_cost row, a balanced/random ratio within 2 noise is inconclusive and
+    the row names the cost model's predictions; outside it, the ratio decides."""
+    assert verdict.speed_verdict(0.9, 0.1).startswith("inconclusive")
+    assert verdict.speed_verdict(0.9, 0.01) == "reproduced"
+    assert verdict.speed_verdict(1.1, 0.01) == "not reproduced"
+    assert verdict.speed_verdict(0.99, None) == "reproduced"
+    df = runs_frame(tmp_path, {"full": 0.8, "random": 0.5, "cluster": 0.5, "oracle": 0.8})
+    cmp = verdict.comparisons(df, 0.31, n_boot=100)
+    tt = pd.DataFrame([
+        {"dataset": "d", "model": "m", "method": "cluster", "fraction": 0.31, "gpus": 4,
+         "distribution": dist, "epochs": "1", "precision": "fp32", "n_seeds": 1,
+         "wall_time_s_mean": w, "ratio_to_full": 0.5, "imbalance_mean": 1.0}
+        for dist, w in (("balanced", 9.0), ("random", 10.0))])
+    bt = pd.DataFrame([{"dataset": "d", "model": "m", "gpus": 4, "method": "cluster",
+                        "budget": 0.31, "ratio_noise": 0.12, "predicted_ratio": 0.98,
+                        "gpu_predicted_ratio": 0.97}])
+    empty = (pd.DataFrame(columns=["dataset", "model"]),
+             pd.DataFrame(columns=["dataset", "model", "budget"]))
+    claims = verdict.claims_table(cmp, tt, *empty, {"claim_budget": 0.31,
+                                                    "near_full_tolerance": 0.02}, bt)
+    row = claims[claims["claim"] == "faster than the usual distribution at 4 GPUs"].iloc[0]
+    assert row["verdict"] == "inconclusive (within the CPU-rank noise ±0.240)"
+    assert "cost model predicts 0.980" in row["ours"] and "GPU default 0.970" in row["ours"]

@@ -527,3 +527,28 @@ def test_selection_overhead_table_matches_the_benchmark_files(smoke_run: Path) -
     assert len(csv) == len(t) > 0
     assert csv["ratio"].tolist() == pytest.approx(t["ratio"].tolist())
     assert (csv["ratio"] > 0).all()
+
+
+def test_balance_cost_table_pairs_the_smoke_time_runs(smoke_run: Path) -> None:
+    """The report's balance_cost table holds one row per pair of multi-rank time runs that
+    differ only in the distribution, its measured ratio the two train_metrics.json files'
+    wall times and its plan work their per-step padded tokens."""
+    import json
+
+    from clusterft.balancecost import plan_work
+
+    bt = pd.read_csv(smoke_run / "results/tables/balance_cost.csv")
+    runs = sorted((smoke_run / "results/train").glob("*/*/*/g[2-9]*-random/s*/train_metrics.json"))
+    assert len(bt) == len(runs) > 0
+    for path in runs:
+        ds, model, mb = path.parts[-6:-3]
+        method, budget = mb.rsplit("-", 1)
+        rnd = json.loads(path.read_text())
+        bal = json.loads(Path(str(path).replace("-random/", "-balanced/")).read_text())
+        row = bt[(bt["dataset"] == ds) & (bt["model"] == model) & (bt["method"] == method)
+                 & (bt["budget"] == float(budget))].iloc[0]
+        assert row["measured_ratio"] == pytest.approx(bal["wall_time_s"] / rnd["wall_time_s"])
+        assert plan_work(bal["padded_tokens_per_step"]) > 0
+        assert 0.5 < row["gpu_predicted_ratio"] < 1.5
+    assert bt["fit_runs"].min() >= 3
+    assert "slowest rank" in (smoke_run / "results/tables/balance_cost.md").read_text()

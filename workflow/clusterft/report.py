@@ -6,7 +6,8 @@ fraction of the pool (<= 1; a larger number is a count and needs a `pool_size` f
 method `full` defaults to budget 1 and method `base` (the model before fine-tuning, no
 train metrics) to budget 0. `eval_json` / `train_metrics_json` may be empty.
 
-Output (`run_report`): `accuracy_vs_data.{csv,md}`, `time.{csv,md}`, `findings.md` in the
+Output (`run_report`): `accuracy_vs_data.{csv,md}`, `time.{csv,md}`, `balance_cost.{csv,md}`
+(:mod:`clusterft.balancecost`), `findings.md` in the
 tables folder; `accuracy_vs_data_<dataset>.png` and `time_<dataset>.png` in the plots folder.
 Standard deviations are sample std over seeds (ddof=1; empty with one seed).
 """
@@ -27,6 +28,7 @@ from .names import (BALANCED, BASE, CLUSTER, FULL, METHODS, RANDOM, RANDOM_SPLIT
 from .sections import merge_section
 from .io import atomic_path, read_json, write_text
 from .stats import mean_ci
+from .balancecost import balance_markdown, balance_table, plan_work
 
 DEFAULTS: dict[str, Any] = {
     # Budget fraction at which the paper's claims are checked (31% of the data).
@@ -152,13 +154,14 @@ def load_runs(runs: Iterable[Mapping[str, Any]]) -> tuple[pd.DataFrame, list[str
             row["steps"] = float(m["steps"])
             row["epochs"] = str(int(m["epochs"])) if not _blank(m.get("epochs")) else "-"
             row["imbalance"] = imbalance(m.get("per_rank_tokens_per_step"))
+            row["padded_work"] = plan_work(m.get("padded_tokens_per_step"))
             row["precision"] = str(m.get("precision") or "-")
             row["cpu"] = str((m.get("hardware") or {}).get("cpu") or "-")
         rows.append(row)
     if not rows:
         raise InputError("no run records", field="runs")
     df = pd.DataFrame(rows)
-    for c in ("average", "wall_time_s", "tokens", "steps", "imbalance"):
+    for c in ("average", "wall_time_s", "tokens", "steps", "imbalance", "padded_work"):
         if c not in df:
             df[c] = np.nan
     for c in ("precision", "cpu"):
@@ -697,6 +700,8 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
     table("accuracy_vs_data", acc,
           accuracy_markdown(acc, tasks) if len(acc) else "(no evaluations)\n")
     table("time", tt, time_markdown(tt) if len(tt) else "(no training runs)\n")
+    bt = balance_table(df)
+    table("balance_cost", bt, balance_markdown(bt))
     write_text(tdir / "findings.md", findings_text(acc, tt, cfg, tasks, df))
     written["tables"].append(str(tdir / "findings.md"))
     if clusterings is not None and labels is not None:
@@ -713,7 +718,7 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
         cmp = verdict.comparisons(df, float(cfg["claim_budget"]), float(cfg["min_se"]),
                                   int(cfg["n_boot"]))
         table("comparisons", cmp, to_markdown(cmp) if len(cmp) else "(no paired runs)\n")
-        claims = verdict.claims_table(cmp, tt, srs, ls, cfg)
+        claims = verdict.claims_table(cmp, tt, srs, ls, cfg, bt)
         write_text(tdir / "claims.md", claims_markdown(claims, cfg))
         written["tables"].append(str(tdir / "claims.md"))
         plot_skill_recovery(srs, cfg, pdir / "skill_recovery.png")

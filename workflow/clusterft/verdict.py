@@ -241,9 +241,20 @@ def _ci(r: Mapping) -> str:
     return f"{r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
 
 
+def speed_verdict(ratio: float, noise: float | None) -> str:
+    """Balanced / random wall time read against the noise of such a ratio (2 sd; from the
+    cost-model fit, clusterft.balancecost): within it, inconclusive; without a noise
+    estimate, the bare ratio decides."""
+    if noise is not None and np.isfinite(noise) and abs(ratio - 1) <= 2 * noise:
+        return f"inconclusive (within the CPU-rank noise ±{2 * noise:.3f})"
+    return "reproduced" if ratio < 1 else "not reproduced"
+
+
 def claims_table(cmp: pd.DataFrame, tt: pd.DataFrame, sr: pd.DataFrame, ls: pd.DataFrame,
-                 cfg: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per claim and dataset x model (plus the diagnosis rows)."""
+                 cfg: Mapping[str, Any], bt: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per claim and dataset x model (plus the diagnosis rows). ``bt``: the
+    balance_cost table (clusterft.balancecost), whose noise and predictions qualify the
+    distribution's speed claim."""
     b = float(cfg["claim_budget"])
     tol = float(cfg["near_full_tolerance"])
     pw = power_lines(cmp)
@@ -292,11 +303,23 @@ def claims_table(cmp: pd.DataFrame, tt: pd.DataFrame, sr: pd.DataFrame, ls: pd.D
             if int(k[0]) < 2:  # one rank: no per-rank load to balance
                 continue
             ratio = bal.loc[k, "wall_time_s_mean"] / rnd.loc[k, "wall_time_s_mean"]
+            noise, model_note = None, ""
+            if bt is not None and not bt.empty:
+                m = bt[(bt["dataset"] == cell[0]) & (bt["model"] == cell[1])
+                       & (bt["gpus"] == int(k[0])) & (bt["method"] == k[1])
+                       & np.isclose(bt["budget"].astype(float), float(k[2]))]
+                if not m.empty:
+                    noise = float(m["ratio_noise"].mean()) / np.sqrt(len(m))
+                    model_note = (f"; cost model predicts {m['predicted_ratio'].mean():.3f} "
+                                  f"(fitted to the CPU runs), GPU default "
+                                  f"{m['gpu_predicted_ratio'].mean():.3f}")
             add(f"faster than the usual distribution at {k[0]} GPUs", cell,
                 "faster at 4 and 8 GPUs", f"balanced / random wall time {ratio:.3f} "
                 f"({k[1]} {k[2]:.0%}, CPU ranks; token imbalance "
-                f"{bal.loc[k, 'imbalance_mean']:.3f} vs {rnd.loc[k, 'imbalance_mean']:.3f})",
-                "wall time ratio of seed means", "reproduced" if ratio < 1 else "not reproduced")
+                f"{bal.loc[k, 'imbalance_mean']:.3f} vs {rnd.loc[k, 'imbalance_mean']:.3f}"
+                f"{model_note})",
+                "wall time ratio of seed means; noise from the cost-model fit "
+                "(balance_cost)", speed_verdict(ratio, noise))
         if not p.empty:
             q = p.iloc[0]
             add("power line (diagnosis)", cell, "-",

@@ -253,6 +253,7 @@ def cluster_records():
 REPORT_TABLES = [
     "accuracy_vs_data",
     "time",
+    "balance_cost",
     "skill_recovery",
     "label_counts",
     "comparisons",
