@@ -124,7 +124,7 @@ def balance_table(df: pd.DataFrame, gpu: CostModel | None = None) -> pd.DataFram
 
 def balance_markdown(bt: pd.DataFrame, gpu: CostModel | None = None) -> str:
     """The table with the model, the fit and what the verdict columns mean."""
-    from .report import to_markdown
+    from .overhead import to_markdown
 
     gpu = gpu or CostModel.from_params(KNOWN_PARAMS[GPU_MODEL], "lora")
     head = (
