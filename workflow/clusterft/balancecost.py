@@ -69,8 +69,16 @@ def fit_cost(work: np.ndarray, steps: np.ndarray, wall: np.ndarray) -> dict:
         return out
     rel = wall[ok] / fitted - 1.0
     out.update(seconds_per_token=float(coef[0]), step_overhead_s=float(coef[1]),
-               rel_resid_sd=float(np.sqrt((rel ** 2).sum() / (n - 2))) if n > 2 else np.nan)
+               rel_resid_sd=float(np.sqrt((rel ** 2).sum() / (n - 2))))
     return out
+
+
+def _ratio(per_token: float, per_step: float, b: pd.Series, r: pd.Series) -> float:
+    """Balanced / random seconds of two runs' plans under one cost model."""
+    def seconds(run: pd.Series) -> float:
+        return per_token * run["padded_work"] + per_step * run["steps"]
+
+    return seconds(b) / seconds(r)
 
 
 def balance_table(df: pd.DataFrame, gpu: CostModel | None = None) -> pd.DataFrame:
@@ -104,7 +112,7 @@ def balance_table(df: pd.DataFrame, gpu: CostModel | None = None) -> pd.DataFram
         r, b = by[RANDOM_SPLIT].iloc[0], by[BALANCED].iloc[0]
         fit = fits[tuple(key[PAIR.index(k)] for k in GROUP)]
         a, o = fit["seconds_per_token"], fit["step_overhead_s"]
-        pred = (a * b["padded_work"] + o * b["steps"]) / (a * r["padded_work"] + o * r["steps"])
+        pred = _ratio(a, o, b, r)
         noise = np.sqrt(2.0) * fit["rel_resid_sd"]
         measured = b["wall_time_s"] / r["wall_time_s"]
         rows.append({
@@ -115,9 +123,7 @@ def balance_table(df: pd.DataFrame, gpu: CostModel | None = None) -> pd.DataFram
             "cpu_can_show": bool(np.isfinite(noise) and abs(pred - 1) > 2 * noise),
             "agrees": bool(np.isfinite(noise) and abs(measured - pred) <= 2 * noise),
             "seconds_per_token": a, "step_overhead_s": o, "fit_runs": fit["n_runs"],
-            "gpu_predicted_ratio": (
-                (gpu.seconds_per_token * b["padded_work"] + gpu.step_overhead_s * b["steps"])
-                / (gpu.seconds_per_token * r["padded_work"] + gpu.step_overhead_s * r["steps"])),
+            "gpu_predicted_ratio": _ratio(gpu.seconds_per_token, gpu.step_overhead_s, b, r),
         })
     return pd.DataFrame(rows, columns=cols)
 
