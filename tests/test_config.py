@@ -228,6 +228,19 @@ def test_time_epochs_may_not_retrain_accuracy_runs() -> None:
     check_config(_edit(lambda c: (overlap(c), c["sweep"]["time"].update(epochs=None))))
 
 
+def test_fused_seeds_need_one_gpu_accuracy_runs() -> None:
+    """sweep.accuracy.fuse_seeds runs the seeds in one plain python process: on 2 or more
+    GPUs (torchrun's ranks) the config check names the key; the embedded default fuses,
+    the paper config does not."""
+    with pytest.raises(InputError, match=r"sweep\.accuracy\.fuse_seeds.*gpus: 1 \(it is 8\)"):
+        check_config(_edit(lambda c: c["sweep"]["accuracy"].update(gpus=8, fuse_seeds=True)))
+    check_config(_edit(lambda c: c["sweep"]["accuracy"].update(gpus=8, fuse_seeds=False)))
+    default = load_config(ROOT / "config" / "config.yaml")
+    paper = load_config(ROOT / "config" / "paper.yaml")
+    assert default["sweep"]["accuracy"]["fuse_seeds"] is True
+    assert paper["sweep"]["accuracy"]["fuse_seeds"] is False
+
+
 def _snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), *args],

@@ -262,3 +262,50 @@ def test_paced_model_gives_hf_results_and_logs_its_pace(tmp_path, random_model_d
                          tmp_path / "b" / "results.json", tmp_path / "tb", seed=0)
     assert "pace evaluate" not in capfd.readouterr().err
     assert paced["tasks"] == plain["tasks"] and paced["average"] == plain["average"]
+
+
+def test_several_models_in_one_process_equal_a_process_each(tmp_path, model_dir,
+                                                            random_model_dir):
+    """run_evaluate_many (the workflow's evaluate_seeds jobs): each model's outputs, the
+    second one's evaluated after the first in the same process, equal those of a process
+    evaluating it alone; mismatched lists and a missing model are refused before any work."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from clusterft.evaluate import run_evaluate_many
+
+    bench = tmp_path / "bench"
+    _write_bench(bench, _load(random_model_dir))
+    cfg = {"batch_size": 2, "max_gen_toks": MAX_GEN, "num_threads": 1}
+    tasks = ["mc_task", "gen_task"]
+    out = [tmp_path / f"m{i}" / "results.json" for i in (0, 1)]
+    items = [p.with_name("items.parquet") for p in out]
+    tdirs = [p.with_name("tasks") for p in out]
+    many = run_evaluate_many([model_dir, random_model_dir], tasks, bench, cfg, out, tdirs,
+                             seeds=[0, 1], out_items=items)
+    assert [m["meta"]["seed"] for m in many] == [0, 1]
+    alone = tmp_path / "alone" / "results.json"
+    code = ("import sys, json; from clusterft.evaluate import run_evaluate; "
+            "run_evaluate(sys.argv[1], ['mc_task', 'gen_task'], sys.argv[2], "
+            "json.loads(sys.argv[3]), sys.argv[4], sys.argv[5], seed=1, out_items=sys.argv[6])")
+    proc = subprocess.run([sys.executable, "-c", code, random_model_dir, str(bench),
+                           json.dumps(cfg), str(alone), str(alone.with_name("tasks")),
+                           str(alone.with_name("items.parquet"))],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got, ref = json.loads(out[1].read_text()), json.loads(alone.read_text())
+    assert got["tasks"] == ref["tasks"] and got["average"] == ref["average"]
+    pd.testing.assert_frame_equal(pd.read_parquet(items[1]),
+                                  pd.read_parquet(alone.with_name("items.parquet")))
+    # the two models answer differently (the pretrained one always "\n")
+    assert json.loads(out[0].read_text())["tasks"] != got["tasks"]
+    with pytest.raises(InputError, match="seeds"):
+        run_evaluate_many([model_dir, random_model_dir], tasks, bench, cfg, out, tdirs,
+                          seeds=[0])
+    with pytest.raises(InputError, match="config.json"):
+        run_evaluate_many([model_dir, str(tmp_path / "missing")], tasks, bench, cfg,
+                          [tmp_path / "x" / f"r{i}.json" for i in (0, 1)],
+                          [tmp_path / "x" / f"t{i}" for i in (0, 1)], seeds=[0, 1])
+    assert not (tmp_path / "x").exists()

@@ -62,6 +62,30 @@ def test_ratio_is_selection_plus_budget_training_over_full(tmp_path):
                                 budget=0.5)
 
 
+def test_a_job_of_several_seeds_shares_its_seconds_among_them(tmp_path):
+    """sweep.accuracy.fuse_seeds: train/.../g1-balanced/s0+1+2.tsv is one job for three
+    seeds; each seed's row counts a third of it, for the budget and the full run alike."""
+    make_run(tmp_path, seeds=(0, 1, 2))
+    for s in (0, 1, 2):
+        for part in ("cluster-0.31", "full-1", "embed-cluster-0.31", "cluster-0.5"):
+            (tmp_path / f"benchmarks/out/train/ds/m/{part}/g1-balanced/s{s}.tsv").unlink()
+    _tsv(tmp_path, "train/ds/m/cluster-0.31/g1-balanced/s0+1+2.tsv", 27)
+    _tsv(tmp_path, "train/ds/m/full-1/g1-balanced/s0+1+2.tsv", 90)
+    bench = overhead.read_benchmarks(tmp_path / "benchmarks" / "out")
+    tr = bench[bench["rule"] == "train"]
+    assert sorted(tr["seed"]) == [0, 0, 1, 1, 2, 2] and set(tr["job_seeds"]) == {3}
+    t = overhead.overhead_table(bench)
+    assert list(t["seed"]) == [0, 1, 2]
+    assert t["train_budget_s"].tolist() == pytest.approx([9.0] * 3)
+    assert t["train_full_s"].tolist() == pytest.approx([30.0] * 3)
+    assert t["ratio"].tolist() == pytest.approx([(10 + s + 3 + 9) / 30 for s in (0, 1, 2)])
+    bad = tmp_path / "benchmarks/out/train/ds/m/full-1/g1-balanced/s0+x.tsv"
+    _tsv(tmp_path, "train/ds/m/full-1/g1-balanced/s0+x.tsv", 1)
+    with pytest.raises(InputError, match="sS\\+S"):
+        overhead.read_benchmarks(tmp_path / "benchmarks" / "out")
+    bad.unlink()
+
+
 def test_every_gpu_count_and_distribution_pairs_with_its_own_full_run(tmp_path):
     make_run(tmp_path, seeds=(0,))
     for dist, sub, full in (("random", 5, 20), ("balanced", 4, 16)):

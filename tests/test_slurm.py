@@ -215,7 +215,8 @@ def test_every_job_of_the_run_went_through_sbatch(slurm_smoke: dict) -> None:
     itself except the input-only target `all`; every SLURM job id snakemake reported is in
     SLURM's record."""
     recs, plan, text = slurm_smoke["records"], slurm_smoke["plan"], slurm_smoke["log"]
-    assert plan["train"] > 0 and plan["evaluate"] > 0 and plan["score"] > 0
+    assert plan["train"] > 0 and plan["train_seeds"] > 0 and plan["evaluate_seeds"] > 0
+    assert plan["evaluate_base"] > 0 and plan["score"] > 0
     completed = Counter(r["rule"] for r in recs if r["JobState"] == "COMPLETED")
     assert completed == plan - Counter({"all": plan["all"]}), (completed, plan)
     failed = [r for r in recs if r["JobState"] != "COMPLETED"]

@@ -147,7 +147,8 @@ def test_changing_k_reruns_cluster_onward_not_score(smoke_run: Path, tmp_path: P
     edited.write_text(yaml.safe_dump(cfg))  # keys re-sorted too: key order must not matter
     plan = planned_rules(smoke_run, configfile=edited)
     assert plan.get("cluster") == 8  # one per dataset x model x seed x feature kind
-    assert {"select", "train", "evaluate", "report"} <= set(plan)
+    # one-rank accuracy runs: fused seed jobs (sweep.accuracy.fuse_seeds); time runs: train
+    assert {"select", "train_seeds", "train", "evaluate_seeds", "report"} <= set(plan)
     assert not {"score", "prepare_data", "decontaminate", "contamination_table", "base_model", "tokenizer",
                 "corpus", "evaluate_base"} & set(plan)
 
@@ -159,9 +160,30 @@ def test_a_model_train_override_reruns_train_onward_not_pretraining(smoke_run: P
     edited = tmp_path / "config.yaml"
     edited.write_text(yaml.safe_dump(cfg))
     plan = planned_rules(smoke_run, configfile=edited)
-    assert {"train", "evaluate", "report"} <= set(plan)
+    assert {"train_seeds", "train", "evaluate_seeds", "report"} <= set(plan)
     # pretraining and scoring do not depend on fine-tuning settings
     assert not {"base_model", "evaluate_base", "score", "cluster", "select"} & set(plan)
+
+
+def test_fused_seeds_plan_one_job_per_run_for_all_seeds(smoke_run: Path, tmp_path: Path) -> None:
+    """With two seeds, each one-rank accuracy run trains in one train_seeds job and
+    evaluates in one evaluate_seeds job over both seeds (one process, `--seed 0 1`, logs
+    and benchmarks at s0+1), and the report reads
+    the fused jobs' benchmark files (a dry run fails on an input no rule makes)."""
+    cfg = config_copy(tmp_path, "two", lambda c: c.update(seeds=[0, 1]))
+    out = snakemake(smoke_run, "-n", "-p", configfile=cfg)
+    text = out.stdout + out.stderr
+    plan = planned_rules(smoke_run, configfile=cfg)
+    # per dataset: 10 methods at 0.31, the curve's 2 at 0.5, the ablation's 1 (2 datasets)
+    assert plan["train_seeds"] == plan["evaluate_seeds"] == 2 * (10 + 2 + 1)
+    # the time runs (seed 0, 2 ranks: train jobs) are done; no one-seed job at one rank
+    assert "train" not in plan and "evaluate" not in plan
+    run = "skills/tiny/cluster-0.31/g1-balanced"
+    assert (f"--selection results/select/skills/tiny/cluster-0.31/s0/selection.parquet "
+            f"results/select/skills/tiny/cluster-0.31/s1/selection.parquet") in text
+    assert "--seed 0 1 --threads 1" in text
+    assert f"logs/train/{run}/s0+1.log" in text and f"logs/evaluate/{run}/s0+1.log" in text
+    assert f"benchmarks/out/train/{run}/s0+1.tsv" in text
 
 
 # ------------------------------------------------------------------------ determinism
@@ -421,12 +443,12 @@ def test_sigkill_mid_evaluation_then_rerun_gives_the_same_results(smoke_run: Pat
     (work / target).unlink()
     (work / target).with_name("results.lm_eval.json").unlink()
     shutil.rmtree(lm_eval_started)
-    assert planned_rules(work, target) == {"evaluate": 1}
+    assert planned_rules(work, target) == {"evaluate_seeds": 1}  # fuse_seeds: the run's job
     assert not snakemake_killed_when(
         work, SMOKE, target, lambda: any(lm_eval_started.glob("*.yaml")),
         tmp_path / "killed.log", "evaluate")
     assert not out.exists()
-    rerun_only(work, SMOKE, target, "evaluate", str(Path(target).parent))
+    rerun_only(work, SMOKE, target, "evaluate_seeds", str(Path(target).parent))
     assert eval_numbers(out) == eval_numbers(smoke_run / target)
 
 

@@ -354,6 +354,11 @@ def check_config(cfg: dict, source: str = "config") -> None:
                            source, "train.truncation")
     t_epochs = sweep.get("time", {}).get("epochs")
     acc = sweep.get("accuracy", {})
+    if acc.get("fuse_seeds") and acc.get("gpus") != 1:
+        raise config_error(f"sweep.accuracy.fuse_seeds runs a run's seeds in one plain python "
+                           f"process, which needs sweep.accuracy.gpus: 1 (it is "
+                           f"{acc.get('gpus')}); set fuse_seeds: false", source,
+                           "sweep.accuracy.fuse_seeds")
     acc_dists = [acc.get("distribution")] + ([ablation["distribution"]] if ablation else [])
     shared = [d for d in acc_dists if d in sweep["time"].get("distributions", [])]
     if t_epochs is not None and acc.get("gpus") in sweep["time"].get("gpus", []) and shared:

@@ -564,6 +564,35 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
     return summary
 
 
+def run_evaluate_many(model_dirs: list[str | os.PathLike], tasks: list[Any],
+                      item_dirs: str | os.PathLike | list[str | os.PathLike],
+                      cfg: Mapping[str, Any] | None, out_json: list[str | os.PathLike],
+                      tasks_dir: list[str | os.PathLike], seeds: list[int],
+                      out_items: list[str | os.PathLike] | None = None) -> list[dict[str, Any]]:
+    """`run_evaluate` for several models (one run's seeds) one after the other in this
+    process: lm-eval, torch and transformers are imported once, and each model is evaluated
+    exactly as a job of its own would (its seed, its own outputs). Every model directory is
+    checked before the first evaluation starts."""
+    n = len(model_dirs)
+    lists = {"out_json": out_json, "tasks_dir": tasks_dir, "seeds": seeds}
+    if out_items is not None:
+        lists["out_items"] = out_items
+    for name, values in lists.items():
+        if len(values) != n:
+            raise InputError(f"{name} has {len(values)} entries for {n} models: give one "
+                             "per model", field=name)
+    for d in model_dirs:
+        if not (Path(d) / "config.json").exists():
+            raise InputError("not a model directory (no config.json)", path=str(d))
+    out = []
+    for i in range(n):
+        log.info("model %d of %d: %s (seed %d)", i + 1, n, model_dirs[i], seeds[i])
+        out.append(run_evaluate(model_dirs[i], tasks, item_dirs, cfg, out_json=out_json[i],
+                                tasks_dir=tasks_dir[i], seed=int(seeds[i]),
+                                out_items=None if out_items is None else out_items[i]))
+    return out
+
+
 def shard_tasks(tasks: list[Any], shards: int) -> list[list[Any]]:
     """Deal a run's tasks round-robin into at most `shards` non-empty groups (fewer where
     there are fewer tasks): group i holds tasks i, i+n, i+2n, ... of the list.

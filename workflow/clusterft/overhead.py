@@ -17,7 +17,10 @@ shared by every method, full data included, and are excluded. The ``score`` job 
 whole: besides the method's LoRA warm-up and gradient pass it also writes S2L's loss
 trajectories and LESS's target gradients (other methods' inputs), so the overhead is an
 upper bound. Times are jobs' wall seconds, start-up included, measured while other jobs
-shared the cores (Snakemake runs jobs side by side), so one run's figures are noisy.
+shared the cores (Snakemake runs jobs side by side), so one run's figures are noisy. Where
+one job trained all seeds of a run (``sweep.accuracy.fuse_seeds``), each seed counts an even
+share of that job's seconds, its start-up shared too; the budget and full-data runs are
+fused alike, so their ratio compares like with like.
 
 :func:`project_to_paper` scales the same ratio to the paper's setting (``PAPER``), with
 the stated laws: score ~ tokens x params (warm-up, loss passes and gradient pass are all
@@ -25,7 +28,8 @@ forward/backward passes over pool tokens), cluster ~ N x k x d x iterations (ite
 as here), select ~ N, train ~ tokens x params x epochs. Training is scaled from its loop
 time (``train_metrics.json``'s ``wall_time_s``: per-job start-up vanishes at that scale),
 the score job from its seconds less the full train job's fixed part (job seconds - loop
-seconds: imports, model load, writes), cluster and select from their whole jobs
+seconds: imports, model load, writes; with fused seeds its share, which makes the estimate
+larger), cluster and select from their whole jobs
 (start-up scaled too: conservative, and negligible after the scaling). Score and
 train are assumed to run on the same kind of device at the same efficiency, the scoring job
 on ``score_gpus`` of them and training on ``train_gpus`` (the workflow's score job uses one
@@ -107,28 +111,40 @@ def parse_benchmark_path(rel: Path) -> dict | None:
         if p[0] == "train" and len(p) == 6:
             m, b = _method_budget(p[3])
             gpus, _, dist = p[4].partition("-")
-            return {"rule": "train", "dataset": p[1], "model": p[2], "method": m, "budget": b,
-                    "gpus": int(gpus[1:]), "distribution": dist, "seed": int(p[5][1:])}
+            seeds = [int(s) for s in p[5][1:].split("+")]
+            keys = {"rule": "train", "dataset": p[1], "model": p[2], "method": m, "budget": b,
+                    "gpus": int(gpus[1:]), "distribution": dist, "seed": seeds[0]}
+            if len(seeds) > 1:  # one job trained these seeds (sweep.accuracy.fuse_seeds)
+                keys["seeds"] = seeds
+            return keys
     except ValueError:
         raise InputError("benchmark path does not follow the workflow's layout "
                          "(score/D/M/sS, cluster/D/M/KIND/sS, select/D/M/METHOD-BUDGET/sS, "
-                         "train/D/M/METHOD-BUDGET/gG-DIST/sS)", path=str(rel)) from None
+                         "train/D/M/METHOD-BUDGET/gG-DIST/sS or sS+S+...)",
+                         path=str(rel)) from None
     return None
 
 
 def read_benchmarks(bench_dir: str | os.PathLike) -> pd.DataFrame:
     """One row per score/cluster/select/train benchmark file under ``bench_dir``
-    (``benchmarks/out`` of a run): its keys, ``s`` and ``path``."""
+    (``benchmarks/out`` of a run): its keys, ``s`` and ``path``. A train job of several
+    seeds (``sweep.accuracy.fuse_seeds``: ``.../sS+S+....tsv``) gives one row per seed with
+    an even share of its seconds (``job_seeds``: how many shared them)."""
     root = Path(bench_dir)
     if not root.is_dir():
         raise InputError("benchmark folder does not exist", path=str(root))
     rows = []
     for tsv in sorted(root.rglob("*.tsv")):
         keys = parse_benchmark_path(tsv.relative_to(root))
-        if keys is not None:
-            rows.append({**keys, "s": _seconds(tsv), "path": str(tsv)})
+        if keys is None:
+            continue
+        seeds = keys.pop("seeds", [keys.get("seed")])
+        s = _seconds(tsv)
+        for seed in seeds:  # a job of several seeds: its seconds shared evenly among them
+            rows.append({**keys, "seed": seed, "s": s / len(seeds), "job_seeds": len(seeds),
+                         "path": str(tsv)})
     cols = ["rule", "dataset", "model", "kind", "method", "budget", "gpus", "distribution",
-            "seed", "s", "path"]
+            "seed", "s", "job_seeds", "path"]
     return pd.DataFrame(rows, columns=cols)
 
 

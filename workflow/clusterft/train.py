@@ -576,16 +576,48 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
         distributed.teardown(d)
 
 
+def check_runs(runs: dict[str, list]) -> int:
+    """The number of runs one process trains: every per-run argument (``--selection``,
+    ``--out``, ``--metrics``, ``--seed``) takes one value per run, in the same order.
+
+    Several runs in one job share the process start-up (imports of torch and transformers,
+    a second or more per job on a CPU) and run one after the other, each exactly as a job of
+    its own would (its seeds set at its start). They need one rank: torchrun's ranks run one
+    training each. Every selection file is checked before the first run starts.
+    """
+    counts = {k: len(v) for k, v in runs.items()}
+    n = counts["out"]
+    bad = [k for k, c in counts.items() if c != n]
+    if bad:
+        raise InputError("give one value per run to each of --selection, --out, --metrics and "
+                         f"--seed (got {', '.join(f'{k}: {c}' for k, c in counts.items())})",
+                         field=f"--{bad[0]}")
+    if n > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise InputError(f"{n} runs in one job need one rank (WORLD_SIZE is "
+                         f"{os.environ['WORLD_SIZE']}): run one job per run under torchrun",
+                         field="--out")
+    if len(set(runs["out"])) != n:
+        raise InputError("two runs write the same --out directory", field="--out")
+    for sel in runs["selection"]:
+        if not Path(sel).is_file():
+            raise InputError("selection file does not exist", path=str(sel), field="--selection")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clusterft.train", description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="base model dir (HF)")
     ap.add_argument("--pool", required=True, help="pool.jsonl")
-    ap.add_argument("--selection", required=True,
-                    help="selection.parquet (id, cluster, score; optional epoch: RS2 subsets)")
-    ap.add_argument("--out", required=True, help="output model dir")
-    ap.add_argument("--metrics", required=True, help="output train_metrics.json")
+    ap.add_argument("--selection", required=True, nargs="+",
+                    help="selection.parquet (id, cluster, score; optional epoch: RS2 subsets); "
+                         "one per run")
+    ap.add_argument("--out", required=True, nargs="+", help="output model dir, one per run")
+    ap.add_argument("--metrics", required=True, nargs="+",
+                    help="output train_metrics.json, one per run")
     ap.add_argument("--distribution", choices=DISTRIBUTIONS, default=RANDOM_SPLIT)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, nargs="+", default=[0],
+                    help="one per run (several runs: one after the other in this process, "
+                         "each as its own job would train it; one rank only)")
     ap.add_argument("--config", default=None, help="train config: YAML/JSON file or inline JSON")
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads this job may use on this node, shared by its ranks "
@@ -593,9 +625,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     die_with_launcher()
     try:
-        run_train(args.model, args.pool, args.selection, args.out, args.metrics,
-                  args.distribution, args.seed, parse_section_arg(args.config, "train"),
-                  args.threads)
+        runs = {"selection": args.selection, "out": args.out, "metrics": args.metrics,
+                "seed": args.seed}
+        n = check_runs(runs)
+        cfg = parse_section_arg(args.config, "train")
+        for i in range(n):
+            if n > 1:
+                print(f"run {i + 1} of {n}: seed {args.seed[i]} -> {args.out[i]}", file=sys.stderr,
+                      flush=True)
+            run_train(args.model, args.pool, args.selection[i], args.out[i], args.metrics[i],
+                      args.distribution, args.seed[i], cfg, args.threads)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -62,6 +62,28 @@ MODELS = list(config["models"])
 SEEDS = list(config["seeds"])
 USE_GPU = config["train"].get("device", "cpu") == "cuda"
 RUN = "{dataset}/{model}/{method}-{budget}/g{gpus}-{dist}/s{seed}"
+# sweep.accuracy.fuse_seeds: the seeds of a one-GPU accuracy run train in one job
+# (train_seeds) and evaluate in one job (evaluate_seeds), one after the other in one
+# process, sharing its start-up; logs and benchmarks go to <run>/s<seed>+<seed>+... .
+FUSE_SEEDS = bool(config["sweep"]["accuracy"].get("fuse_seeds", False))
+SEEDS_TAG = "+".join(str(s) for s in SEEDS)
+RUN_SEEDS = (
+    f"{{dataset}}/{{model}}/{{method}}-{{budget}}/g{{gpus}}-{{dist}}/s{SEEDS_TAG}"
+)
+
+
+def per_seed(pattern):
+    """`pattern` (with a {seed} wildcard among others) for every seed of the config."""
+    return [pattern.replace("{seed}", str(s)) for s in SEEDS]
+
+
+def fused(run):
+    """Whether a run's train and evaluate jobs are the fused ones of its seeds."""
+    return (
+        FUSE_SEEDS
+        and int(run["gpus"]) == 1
+        and int(run["seed"]) in [int(s) for s in SEEDS]
+    )
 
 
 wildcard_constraints:
@@ -342,7 +364,10 @@ def model_train_section(model):
 def is_time_only(wildcards):
     """A run that is not one of the accuracy runs (check_config keeps the two apart when
     sweep.time.epochs is set)."""
-    run = {k: wildcards[k] for k in ("dataset", "model", "method", "budget", "dist")}
+    run = {
+        k: getattr(wildcards, k)
+        for k in ("dataset", "model", "method", "budget", "dist")
+    }
     return not any(
         {k: str(r[k]) for k in run} == run
         and int(r["gpus"]) == int(wildcards.gpus)
@@ -359,6 +384,29 @@ def train_cfg(wildcards):
     if epochs is not None and is_time_only(wildcards):
         cfg = {**cfg, "epochs": int(epochs)}
     return json.dumps(canonical(cfg))
+
+
+def train_seeds_cfg(wildcards):
+    """train_cfg of a fused job: the same for every seed (check_config keeps time-only
+    runs with their own epochs off the accuracy runs' GPU count)."""
+    from types import SimpleNamespace
+
+    cfgs = {
+        train_cfg(SimpleNamespace(**dict(wildcards.items()), seed=s)) for s in SEEDS
+    }
+    if len(cfgs) != 1:
+        raise ValueError(
+            f"sweep.accuracy.fuse_seeds: the seeds of {dict(wildcards.items())} would "
+            "train with different settings; set fuse_seeds: false"
+        )
+    return cfgs.pop()
+
+
+def train_benchmark(run):
+    """The benchmark file of the job that trained `run` (fused: its seeds' one)."""
+    return (
+        f"benchmarks/out/train/{(RUN_SEEDS if fused(run) else RUN).format(**run)}.tsv"
+    )
 
 
 def train_launcher(wildcards):

@@ -134,3 +134,40 @@ else:
             "logs/evaluate/{dataset}/{model}/base.log",
         benchmark:
             "benchmarks/out/evaluate/{dataset}/{model}/base.tsv"
+
+
+if FUSE_SEEDS and EVAL["shards"] == 1:
+
+    # sweep.accuracy.fuse_seeds: the seeds of a one-GPU run evaluated one after the other
+    # in one process (lm-eval, torch and transformers imported once), each exactly as the
+    # evaluate rule would (tests/test_evaluate.py compares the results).
+    rule evaluate_seeds:
+        input:
+            model=per_seed(f"results/train/{RUN}/model"),
+            task_items=task_item_dirs,
+        output:
+            results=per_seed(f"results/eval/{RUN}/results.json"),
+            raw=per_seed(f"results/eval/{RUN}/results.lm_eval.json"),
+            per_item=per_seed(f"results/eval/{RUN}/items.parquet"),
+            tasks=[directory(p) for p in per_seed(f"results/eval/{RUN}/tasks")],
+        log:
+            f"logs/evaluate/{RUN_SEEDS}.log",
+        benchmark:
+            f"benchmarks/out/evaluate/{RUN_SEEDS}.tsv"
+        wildcard_constraints:
+            gpus="1",
+        conda:
+            ENV
+        threads: 1
+        resources:
+            mem_mb=4000,
+            runtime=120 * len(SEEDS),
+            gpu=1 if USE_GPU else 0,
+        params:
+            tasks=eval_tasks,
+            cfg=section("evaluate"),
+            seeds=SEEDS,
+        script:
+            "../scripts/evaluate_seeds.py"
+
+    ruleorder: evaluate_seeds > evaluate

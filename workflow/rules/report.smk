@@ -19,8 +19,8 @@ OVERHEAD_BENCHMARKS = sorted(
         for r, full in OVERHEAD_RUNS
         if full in ACCURACY_RUNS + TIME_RUNS
         for path in (
-            f"benchmarks/out/train/{RUN.format(**r)}.tsv",
-            f"benchmarks/out/train/{RUN.format(**full)}.tsv",
+            train_benchmark(r),
+            train_benchmark(full),
             "benchmarks/out/score/{dataset}/{model}/s{seed}.tsv".format(**r),
             "benchmarks/out/cluster/{dataset}/{model}/gradient/s{seed}.tsv".format(**r),
             "benchmarks/out/select/{dataset}/{model}/{method}-{budget}/s{seed}.tsv".format(

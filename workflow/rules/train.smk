@@ -47,3 +47,44 @@ rule train:
         " --out {output.model} --metrics {output.metrics}"
         " --distribution {wildcards.dist} --seed {wildcards.seed} --threads {threads}"
         " --config {params.cfg:q} > {log} 2>&1"
+
+
+if FUSE_SEEDS:
+
+    # sweep.accuracy.fuse_seeds: the seeds of a one-GPU run, one after the other in one
+    # `python -m clusterft.train` process (its imports paid once), each trained exactly as
+    # the train rule would (tests/test_train.py compares the weights byte for byte).
+    # `--forcerun train_seeds` retrains them; a killed job retrains all its seeds.
+    rule train_seeds:
+        input:
+            model="results/models/{model}/base",
+            pool="results/data/{dataset}/pool.jsonl",
+            selection=per_seed(SELECTION),
+        output:
+            model=[directory(p) for p in per_seed(f"results/train/{RUN}/model")],
+            metrics=per_seed(f"results/train/{RUN}/train_metrics.json"),
+        log:
+            f"logs/train/{RUN_SEEDS}.log",
+        benchmark:
+            f"benchmarks/out/train/{RUN_SEEDS}.tsv"
+        wildcard_constraints:
+            gpus="1",
+        conda:
+            ENV
+        threads: 1
+        resources:
+            mem_mb=4000,
+            runtime=600 * len(SEEDS),
+            gpu=lambda w: train_job(w)["gpu"],
+        params:
+            launcher=train_launcher,
+            cfg=train_seeds_cfg,
+            seeds=SEEDS,
+        shell:
+            "{params.launcher} -m clusterft.train"
+            " --model {input.model} --pool {input.pool} --selection {input.selection}"
+            " --out {output.model} --metrics {output.metrics}"
+            " --distribution {wildcards.dist} --seed {params.seeds} --threads {threads}"
+            " --config {params.cfg:q} > {log} 2>&1"
+
+    ruleorder: train_seeds > train
