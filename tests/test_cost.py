@@ -121,3 +121,28 @@ def test_dry_run_parse_checks_its_own_job_stats() -> None:
     jobs = cost.parse_dry_run(text.replace("train        2", "train        1"))
     assert jobs == [{"rule": "train", "wildcards": {"dataset": "a", "gpus": "4"},
                      "resources": {"gpu": "4"}}]
+
+
+def test_fused_seed_jobs_cost_what_their_seeds_cost_apart(tmp_path: Path) -> None:
+    """sweep.accuracy.fuse_seeds turns a one-GPU run's seeds into one train_seeds and one
+    evaluate_seeds job: fewer jobs, the same GPU-hours as the one-job-per-seed plan."""
+    def plan(fuse: bool) -> dict:
+        path = small_config(tmp_path / f"fuse{fuse}.yaml")
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+        cfg["seeds"] = [0, 1]
+        cfg["sweep"]["accuracy"].update(gpus=1, fuse_seeds=fuse)
+        path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+        table = cost.run_cost(path, tmp_path / f"cost{fuse}", {"codealpaca": 104}, None)
+        return {t["rule"]: t for t in table}
+
+    apart, fused = plan(False), plan(True)
+    assert "train_seeds" not in apart and "evaluate_seeds" not in apart
+    # 2 accuracy runs (full, random 0.5) x 2 seeds; the 4 time runs (full and random 0.5 x
+    # 2 distributions, 4 GPUs, seed 0) stay train jobs
+    assert (apart["train"]["jobs"], fused["train_seeds"]["jobs"], fused["train"]["jobs"]) == (8, 2, 4)
+    assert (apart["evaluate"]["jobs"], fused["evaluate_seeds"]["jobs"]) == (4, 2)
+    assert fused["train_seeds"]["gpu_hours"] + fused["train"]["gpu_hours"] == pytest.approx(
+        apart["train"]["gpu_hours"], rel=1e-9)
+    assert fused["evaluate_seeds"]["gpu_hours"] == pytest.approx(apart["evaluate"]["gpu_hours"],
+                                                                 rel=1e-9)
+    assert fused["total"]["gpu_hours"] == pytest.approx(apart["total"]["gpu_hours"], rel=1e-9)

@@ -325,6 +325,7 @@ def estimate_jobs(cfg: dict, jobs: list[dict], est: Estimator) -> list[dict]:
                                  if k not in ("shard", "nshards")))
                     for j in jobs if "shard" in j["wildcards"] and "nshards" in j["wildcards"]}
     n_score_shards = int(est.score.get("shards", 1) or 1)
+    n_seeds = len(cfg.get("seeds") or [0])
     rows = []
     for j in jobs:
         rule, w = j["rule"], j["wildcards"]
@@ -333,6 +334,10 @@ def estimate_jobs(cfg: dict, jobs: list[dict], est: Estimator) -> list[dict]:
             gpus = int(w["gpus"])
             secs = est.train_seconds(w, tuple(w.get(k) for k in run_keys) in evaluated)
             note = f"{w['dist']} deal over {gpus} GPUs"
+        elif rule == "train_seeds":  # sweep.accuracy.fuse_seeds: every seed, one GPU
+            gpus = int(w["gpus"])
+            secs = n_seeds * est.train_seconds(w, True)
+            note = f"{n_seeds} seeds one after the other"
         elif rule in ("score", "score_warmup", "score_shard"):
             warm, rest = est.score_parts(w["dataset"], w["model"])
             sharded = (w["dataset"], w["model"], w["seed"]) in score_sharded
@@ -356,6 +361,8 @@ def estimate_jobs(cfg: dict, jobs: list[dict], est: Estimator) -> list[dict]:
                 tasks = []
             if tasks:
                 gpus, secs, note = 1, est.eval_seconds(w["model"], tasks), f"{len(tasks)} tasks"
+                if rule == "evaluate_seeds":
+                    secs, note = n_seeds * secs, f"{note}, {n_seeds} seeds"
             else:
                 note = "merge of the shards"
         rows.append({"rule": rule, "job": ", ".join(f"{k}={v}" for k, v in w.items()),
