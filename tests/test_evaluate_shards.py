@@ -189,20 +189,22 @@ def _job_counts(text: str) -> dict[str, int]:
 
 
 def test_workflow_plans_shards_and_merges_only_when_asked(tmp_path):
-    """Default: one evaluate job per run. shards 2: each run's 3 tasks in 2 shard jobs (one
-    GPU each on a GPU cluster; none here) and a CPU-only merge under the old rule name;
-    shards 5: never more shards than tasks."""
+    """Default: one evaluate job per run (the smoke config fuses a one-rank run's seeds:
+    evaluate_seeds, one job for all of them). shards 2: each seed's 3 tasks in 2 shard jobs
+    (one GPU each on a GPU cluster; none here) and a CPU-only merge under the rule name
+    evaluate; shards 5: never more shards than tasks."""
     plain = _job_counts(_dry_run(tmp_path / "a", {"batch_size": 16}))
-    assert "evaluate_shard" not in plain and plain["evaluate"] > 0
+    runs = plain["evaluate_seeds"] * len(yaml.safe_load(SMOKE.read_text())["seeds"])
+    assert "evaluate_shard" not in plain and runs > 0
     text = _dry_run(tmp_path / "b", {"batch_size": 16, "shards": 2})
     sharded = _job_counts(text)
-    assert sharded["evaluate"] == plain["evaluate"]
+    assert "evaluate_seeds" not in sharded and sharded["evaluate"] == runs
     assert sharded["evaluate_base"] == plain["evaluate_base"]
-    assert sharded["evaluate_shard"] == 2 * plain["evaluate"]
+    assert sharded["evaluate_shard"] == 2 * runs
     assert sharded["evaluate_base_shard"] == 2 * plain["evaluate_base"]
     assert "results/eval/skills/tiny/base/shards/1-of-2/items.parquet" in text
     many = _job_counts(_dry_run(tmp_path / "c", {"batch_size": 16, "shards": 5}))
-    assert many["evaluate_shard"] == 3 * plain["evaluate"]
+    assert many["evaluate_shard"] == 3 * runs
 
 
 def test_workflow_runs_shards_and_merges_like_one_job(tmp_path, tiny_model_dir,

@@ -5,6 +5,7 @@ dry run, and at run time)."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -106,7 +107,10 @@ def test_embedded_config_has_no_bf16_and_resolves_every_run_to_fp32(tmp_path, mo
     assert out.returncode == 0, out.stderr[-3000:]
     assert "emulates bfloat16" not in out.stdout + out.stderr
     cmds = [ln for ln in out.stdout.splitlines() if "clusterft.train" in ln]
-    assert len(cmds) >= 100  # every train job of the sweep
+    # every train job of the sweep: train (time runs) and train_seeds (a run's 3 seeds)
+    jobs = dict(re.findall(r"^(train\w*)\s+(\d+)\s*$", out.stdout + out.stderr, re.M))
+    assert set(jobs) == {"train", "train_seeds"}
+    assert len(cmds) == sum(int(n) for n in jobs.values()) > 50
     from clusterft.train import DEFAULTS as TRAIN
 
     for c in cmds:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -148,8 +149,10 @@ def test_dry_run_prints_the_multi_node_command(tmp_path):
                         "-n", "-p"], capture_output=True, text=True, env=env, cwd=tmp_path,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    # each train job's block: from "rule train:" to the blank line before the next job
-    jobs = [b.split("\n\n", 1)[0] for b in (r.stdout + r.stderr).split("rule train:")[1:]]
+    # each train job's block: from "rule train:" (or train_seeds: the smoke config fuses a
+    # one-GPU run's seeds) to the blank line before the next job
+    jobs = [b.split("\n\n", 1)[0]
+            for b in re.split(r"rule train(?:_seeds)?:", r.stdout + r.stderr)[1:]]
     two = [b for b in jobs if "gpus=2," in b]
     one = [b for b in jobs if "gpus=1," in b]
     assert two and one, (r.stdout + r.stderr)[-3000:]
