@@ -67,9 +67,7 @@ RUN = "{dataset}/{model}/{method}-{budget}/g{gpus}-{dist}/s{seed}"
 # process, sharing its start-up; logs and benchmarks go to <run>/s<seed>+<seed>+... .
 FUSE_SEEDS = bool(config["sweep"]["accuracy"].get("fuse_seeds", False))
 SEEDS_TAG = "+".join(str(s) for s in SEEDS)
-RUN_SEEDS = (
-    f"{{dataset}}/{{model}}/{{method}}-{{budget}}/g{{gpus}}-{{dist}}/s{SEEDS_TAG}"
-)
+RUN_SEEDS = RUN.replace("s{seed}", f"s{SEEDS_TAG}")
 
 
 def per_seed(pattern):

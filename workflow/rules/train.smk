@@ -53,7 +53,7 @@ if FUSE_SEEDS:
 
     # sweep.accuracy.fuse_seeds: the seeds of a one-GPU run, one after the other in one
     # `python -m clusterft.train` process (its imports paid once), each trained exactly as
-    # the train rule would (tests/test_train.py compares the weights byte for byte).
+    # the train rule would (tests/test_train_seeds.py compares the weights byte for byte).
     # `--forcerun train_seeds` retrains them; a killed job retrains all its seeds.
     rule train_seeds:
         input:
