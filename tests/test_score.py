@@ -347,3 +347,55 @@ def test_run_score_rejects_bad_pool(tmp_path, tiny_model_dir):
     with pytest.raises(InputError, match=r"line 2.*duplicate id"):
         run_score(tiny_model_dir, p, FAST, tmp_path / "f.npy", tmp_path / "s.parquet")
     assert not (tmp_path / "f.npy").exists()
+
+
+def test_sparse_logits_give_the_full_logits_losses_and_gradients(tiny_model_dir, tiny, tiny_pool):
+    """The label-only LM head (score.sparse_logits) computes the same per-example losses,
+    batch loss and per-example gradients as the full logits, and the same features and
+    trajectories end to end, up to float rounding."""
+    from clusterft.score import batch_loss, example_losses, use_sparse_logits
+
+    _, tok = tiny
+    pm = add_lora(_fresh(tiny_model_dir), {**LORA, "r": 4, "alpha": 8, "dropout": 0.0},
+                  "score.lora", seed=0)
+    enc = _encode(tok, tiny_pool)
+    warmup_lora(pm, enc, {**FAST, "sparse_logits": False}, seed=0, pad_id=tok.pad_token_id)
+    pm.eval()
+    assert use_sparse_logits(pm, merge_cfg(FAST))
+    assert not use_sparse_logits(pm, merge_cfg({**FAST, "sparse_logits": False}))
+    batch = collate([enc[i] for i in (0, 1, 2, 3, 17, 30)], tok.pad_token_id)
+    assert (batch["attention_mask"] == 0).any() and (batch["labels"] == -100).any()
+    with torch.no_grad():
+        torch.testing.assert_close(example_losses(pm, batch, True),
+                                   example_losses(pm, batch, False), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(batch_loss(pm, batch, True), pm(**batch).loss,
+                                   rtol=1e-6, atol=1e-6)
+    g_sparse = per_example_grads(pm, batch, "hook", sparse=True)
+    g_full = per_example_grads(pm, batch, "hook", sparse=False)
+    assert (g_full.norm(dim=1) > 0).all()
+    torch.testing.assert_close(g_sparse, g_full, rtol=1e-5, atol=1e-7)
+    pm.unload()
+    out = {}
+    for sparse in (True, False):
+        f, _, norms, info = compute_features_info(_fresh(tiny_model_dir), tok, tiny_pool,
+                                                  {**FAST, "sparse_logits": sparse}, seed=0)
+        out[sparse] = (f, norms, info)
+    np.testing.assert_allclose(out[True][0], out[False][0], atol=1e-5)
+    np.testing.assert_allclose(out[True][1], out[False][1], rtol=1e-5)
+    np.testing.assert_allclose(out[True][2]["loss_trajectories"],
+                               out[False][2]["loss_trajectories"], rtol=1e-5)
+    np.testing.assert_allclose(out[True][2]["warmup_losses"], out[False][2]["warmup_losses"],
+                               rtol=1e-4)
+
+
+def test_sparse_logits_only_where_the_architecture_allows_and_checked():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from clusterft.score import use_sparse_logits
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64,
+                                      n_positions=32))
+    assert not use_sparse_logits(gpt2, merge_cfg({}))  # not in SPARSE_LOGIT_TYPES: full logits
+    with pytest.raises(InputError, match="true or false") as err:
+        merge_cfg({"sparse_logits": "yes"})
+    assert err.value.field == "score.sparse_logits"

@@ -141,6 +141,12 @@ DEFAULTS: dict = {
     # to out_trajectories [N, loss_points]. Costs loss_points forward passes over the pool.
     # With no warm-up steps every point is the base model's loss (a warning says so).
     "loss_points": 5,
+    # Run the LM head only at the positions that predict a response token (the loss's), in
+    # the warm-up, the loss passes and the hook method's gradient pass, for the
+    # architectures clusterft.microbatch.SPARSE_LOGIT_TYPES lists (others: full logits).
+    # Same losses and gradients up to float rounding, less head work: the head is a large
+    # share of a small model's forward (benchmarks/README.md).
+    "sparse_logits": True,
     # Per-example gradient method: hook (captured layer inputs/output-grads + einsum,
     # fastest) or func (torch.func vmap over grad of functional_call).
     "method": "hook",
@@ -217,6 +223,9 @@ def merge_cfg(cfg: dict | None) -> dict:
         raise InputError(f"{out['warmup_checkpoints']} checkpoints need at least as many "
                          f"warm-up steps, got warmup_steps {out['warmup_steps']}",
                          field="score.warmup_checkpoints")
+    if not isinstance(out["sparse_logits"], bool):
+        raise InputError(f"must be true or false, got {out['sparse_logits']!r}",
+                         field="score.sparse_logits")
     if isinstance(out["shards"], bool) or int(out["shards"]) < 1:
         raise InputError(f"must be an integer >= 1, got {out['shards']}", field="score.shards")
     if int(out["loss_points"]) < 2:
@@ -281,13 +290,15 @@ def checkpoint_weights(checkpoints: Sequence[dict]) -> list[float]:
     return [lr / total for lr in lrs]
 
 
-def pool_losses(model, encoded: Sequence[dict], batch_size: int, pad_id: int) -> np.ndarray:
+def pool_losses(model, encoded: Sequence[dict], batch_size: int, pad_id: int,
+                sparse: bool = False) -> np.ndarray:
     """Each example's :func:`per_example_loss` under ``model`` as it is now: float32 [N] in
     the order of ``encoded``.
 
     no_grad forward passes over length-sorted batches in eval mode (no dropout, so no RNG
     draw; torch's CPU RNG is forked besides), and the model's train/eval mode is restored:
     measuring leaves a warm-up's weights and random streams exactly as they were.
+    ``sparse``: the LM head at the label positions only (:func:`example_losses`).
     """
     import torch
 
@@ -304,9 +315,7 @@ def pool_losses(model, encoded: Sequence[dict], batch_size: int, pad_id: int) ->
                 idx = order[lo:lo + batch_size]
                 batch = {k: v.to(device)
                          for k, v in collate([encoded[i] for i in idx], pad_id).items()}
-                logits = model(input_ids=batch["input_ids"],
-                               attention_mask=batch["attention_mask"], use_cache=False).logits
-                out[idx] = per_example_loss(logits, batch["labels"]).float().cpu().numpy()
+                out[idx] = example_losses(model, batch, sparse).float().cpu().numpy()
     finally:
         model.train(was_training)
     return out
@@ -371,6 +380,7 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
     adam = cfg["gradient_type"] == "adam"
     params = lora_parameters(model)
     loss_bs = int(cfg["batch_size"])
+    sparse = use_sparse_logits(model, cfg)
     out: dict = {"warmup_examples": int(n_sub), "warmup_steps": steps, "warmup_losses": [],
                  "warmup_lrs": [], "exp_avg": None, "exp_avg_sq": None, "checkpoints": [],
                  "loss_trajectories": np.full((n, len(at)), np.nan, dtype=np.float32),
@@ -381,7 +391,7 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
         if cols and snapshots:
             out["loss_snapshots"][step] = {name: p.detach().cpu().clone() for name, p in params}
         elif cols:
-            losses = pool_losses(model, encoded, loss_bs, pad_id)
+            losses = pool_losses(model, encoded, loss_bs, pad_id, sparse)
             out["loss_trajectories"][:, cols] = losses[:, None]
 
     def take_checkpoint(step: int, opt=None) -> None:
@@ -442,7 +452,7 @@ def warmup_lora(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: in
                 batch = collate([encoded[i] for i in order[pos:pos + bs]], pad_id)
                 pos += bs
                 batch = {k: v.to(device) for k, v in batch.items()}
-                loss = model(**batch).loss
+                loss = batch_loss(model, batch, sparse)
                 loss.backward()
                 value = float(loss.detach())
                 check_finite(value, None, step=len(out["warmup_losses"]) + 1, total=steps,
@@ -482,6 +492,55 @@ def per_example_loss(logits, labels):
     return (tok * mask).sum(1) / mask.sum(1).clamp_min(1.0)
 
 
+def use_sparse_logits(model, cfg: dict) -> bool:
+    """Whether ``cfg["sparse_logits"]`` applies to ``model``'s architecture."""
+    from .microbatch import SPARSE_LOGIT_TYPES
+
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    return bool(cfg.get("sparse_logits")) and model_type in SPARSE_LOGIT_TYPES
+
+
+def label_logits(model, batch: dict):
+    """(logits [M, V], targets [M], example of each [M]) at the M positions that predict a
+    label: the decoder's hidden states there go through the LM head, the others do not."""
+    labels = batch["labels"]
+    target = labels[:, 1:]
+    keep = target != -100
+    hidden = model.get_decoder()(input_ids=batch["input_ids"],
+                                 attention_mask=batch["attention_mask"],
+                                 use_cache=False).last_hidden_state
+    logits = model.get_output_embeddings()(hidden[:, :-1][keep])
+    return logits, target[keep], keep.nonzero()[:, 0]
+
+
+def example_losses(model, batch: dict, sparse: bool):
+    """Each example's :func:`per_example_loss` ([B]) under ``model``; with ``sparse`` from
+    :func:`label_logits` (the same values up to float rounding)."""
+    import torch
+    import torch.nn.functional as F
+
+    if not sparse:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       use_cache=False).logits
+        return per_example_loss(logits, batch["labels"])
+    logits, target, rows = label_logits(model, batch)
+    tok = F.cross_entropy(logits.float(), target, reduction="none")
+    count = (batch["labels"][:, 1:] != -100).sum(1).to(tok.dtype)
+    sums = torch.zeros(len(count), dtype=tok.dtype, device=tok.device).index_add_(0, rows, tok)
+    return sums / count.clamp_min(1.0)
+
+
+def batch_loss(model, batch: dict, sparse: bool):
+    """The batch's mean next-token loss over all its label tokens (HF's ``.loss``); with
+    ``sparse`` from :func:`label_logits`."""
+    import torch.nn.functional as F
+
+    if not sparse:
+        return model(**batch, use_cache=False).loss
+    logits, target, _ = label_logits(model, batch)
+    return F.cross_entropy(logits.float(), target)
+
+
 def _check_right_padded(batch: dict) -> None:
     import torch
 
@@ -491,13 +550,15 @@ def _check_right_padded(batch: dict) -> None:
         raise ValueError("per-example gradients need right-padded batches")
 
 
-def _hook_capture(model, batch: dict) -> tuple[list[tuple[str, str]], dict[str, list]]:
+def _hook_capture(model, batch: dict, sparse: bool = False
+                  ) -> tuple[list[tuple[str, str]], dict[str, list]]:
     """One batched forward/backward for the hook method: (plan, calls). ``plan``: (module
     name, "weight"|"bias") per trainable parameter, in parameter order; ``calls``: module
     name -> one (input x, output gradient dy) per call of the module in the forward pass.
 
     Every trainable parameter must be the weight (or bias) of an ``nn.Linear`` (peft LoRA
-    linear adapters); anything else raises (use ``method: func``).
+    linear adapters); anything else raises (use ``method: func``). ``sparse``: the LM head
+    at the label positions only (:func:`example_losses`; the same gradients up to rounding).
     """
     import torch
 
@@ -521,12 +582,10 @@ def _hook_capture(model, batch: dict) -> tuple[list[tuple[str, str]], dict[str, 
     handles = [modules[m].register_forward_hook(make_hook(m)) for m in captured]
     try:
         with torch.enable_grad():
-            logits = model(input_ids=batch["input_ids"],
-                           attention_mask=batch["attention_mask"]).logits
+            loss = example_losses(model, batch, sparse).sum()
     finally:
         for h in handles:
             h.remove()
-    loss = per_example_loss(logits, batch["labels"]).sum()
     keys = [(m, i) for m in captured for i in range(len(captured[m]))]
     if not keys:
         raise RuntimeError("no LoRA layer ran in the forward pass")
@@ -540,12 +599,12 @@ def _as_3d(t):
     return t.reshape(t.shape[0], -1, t.shape[-1])
 
 
-def grads_hook(model, batch: dict):
+def grads_hook(model, batch: dict, sparse: bool = False):
     """Per-example LoRA gradients [B, D] from one batched forward/backward (hook method):
     ``dW[b] = einsum("bto,bti->boi", dy, x)`` per LoRA linear layer (``_hook_capture``)."""
     import torch
 
-    plan, calls = _hook_capture(model, batch)
+    plan, calls = _hook_capture(model, batch, sparse)
     cols = []
     for mod_name, attr in plan:
         g = None
@@ -557,7 +616,7 @@ def grads_hook(model, batch: dict):
     return torch.cat(cols, dim=1).detach()
 
 
-def grads_hook_kronecker(model, batch: dict, proj):
+def grads_hook_kronecker(model, batch: dict, proj, sparse: bool = False):
     """Kronecker-projected per-example LoRA gradients [B, proj.dim] (float32) from the hook
     method's captured factors: each layer's ``x`` and ``dy`` go to
     ``proj.project_layer`` (``clusterft.projection.KroneckerProjector``), which projects
@@ -565,7 +624,7 @@ def grads_hook_kronecker(model, batch: dict, proj):
     formed. Equal to ``proj(grads_hook(model, batch))`` up to float rounding."""
     import torch
 
-    plan, calls = _hook_capture(model, batch)
+    plan, calls = _hook_capture(model, batch, sparse)
     parts = []
     with torch.no_grad():
         for i, (mod_name, attr) in enumerate(plan):
@@ -620,11 +679,14 @@ def grads_loop(model, batch: dict):
 GRAD_FNS = {"hook": grads_hook, "func": grads_func, "loop": grads_loop}
 
 
-def per_example_grads(model, batch: dict, method: str = "hook"):
-    """Per-example gradients [B, D] of each example's mean response loss (LoRA params)."""
+def per_example_grads(model, batch: dict, method: str = "hook", sparse: bool = False):
+    """Per-example gradients [B, D] of each example's mean response loss (LoRA params).
+    ``sparse`` (hook only): the LM head at the label positions only."""
     if method not in GRAD_FNS:
         raise InputError(f"unknown method '{method}'; valid: {', '.join(GRAD_FNS)}",
                          field="score.method")
+    if method == "hook":
+        return grads_hook(model, batch, sparse)
     return GRAD_FNS[method](model, batch)
 
 
@@ -721,14 +783,15 @@ def project_batch(model, batch: dict, cfg: dict, proj, moments=None):
     otherwise ``proj`` of the formed gradients; the norms are the projected rows' (the
     gradient is not formed; ``E|f|^2 = |g|^2``).
     """
+    sparse = use_sparse_logits(model, cfg)
     if cfg["projection"] == "kronecker":
         if moments is not None:
             raise InputError("projection 'kronecker' cannot give the Adam direction",
                              field="score.projection")
-        rows = (grads_hook_kronecker(model, batch, proj) if cfg["method"] == "hook"
+        rows = (grads_hook_kronecker(model, batch, proj, sparse) if cfg["method"] == "hook"
                 else proj(per_example_grads(model, batch, cfg["method"])))
         return rows, rows.norm(dim=1)
-    g = per_example_grads(model, batch, cfg["method"])
+    g = per_example_grads(model, batch, cfg["method"], sparse)
     if moments is not None:
         g = adam_direction(g, *moments)
     return proj(g), g.norm(dim=1)
@@ -1379,7 +1442,7 @@ def _shard_pass(path: str, cfg: dict, seed: int, w: dict, encoded: Sequence[dict
     if n and done is None:
         for step in w["info"]["loss_steps"]:
             _set_lora(pmodel, w["loss_snapshots"][step])
-            losses = pool_losses(pmodel, encoded, bs, pad_id)
+            losses = pool_losses(pmodel, encoded, bs, pad_id, use_sparse_logits(pmodel, cfg))
             traj[:, [j for j, s in enumerate(at) if s == step]] = losses[:, None]
     every = int(cfg["checkpoint_every"]) * bs if ckpt is not None else 0
     left = (n_ckpt - k0) * -(-n // bs) - start // bs
