@@ -14,9 +14,13 @@ example trained (loop seconds / (steps x global batch)). Both with the embedded 
 pairs of 60-100 tokens (benchmarks/bench_score.py's ``synthetic_pool``). The variants are
 interleaved ``--repeats`` times; medians are printed, the ratios last, from wall seconds and
 from the process's CPU seconds (with ``--threads 1`` these hardly change when other
-processes share the cores, where wall seconds do). Also printed: one
-no-grad loss pass over the pool, of which the warm-up makes ``score.loss_points``
-(S2L's trajectories, computed by the same job).
+processes share the cores, where wall seconds do). Three score figures: the gradient pass
+alone, the method (the warm-up's LoRA steps and the gradient pass), and the whole stage
+(with the ``score.loss_points`` no-grad loss passes over the pool that S2L's trajectories
+need, computed by the same job). Variants: dense and kronecker projections with the LM
+head at the label positions only (``score.sparse_logits``, the default), and dense-full,
+the head over every position (the stage before that change). Also printed: one no-grad
+loss pass over the pool, with each head.
 
     python benchmarks/bench_score_vs_train.py [--size small|large] [--n 512] [--threads 1]
     python benchmarks/bench_score_vs_train.py --smoke      (tiny sizes, seconds)
@@ -69,32 +73,42 @@ def setup(size: str, n: int, smoke: bool):
     return tok, model, synthetic_pool(n), score_cfg, train_cfg
 
 
-def time_score(model, tok, pool, score_cfg: dict, projection: str, threads: int) -> dict:
-    """Wall and CPU seconds of the whole stage call and of its warm-up (``warmup_lora``,
-    the LoRA steps and the loss passes: timed by wrapping it for this call)."""
+def time_score(model, tok, pool, score_cfg: dict, projection: str, threads: int,
+               sparse_logits: bool = True) -> dict:
+    """Wall and CPU seconds of the whole stage call, of its warm-up (``warmup_lora``, the
+    LoRA steps and the loss passes) and of the loss passes in it (``pool_losses``), each
+    timed by wrapping the function for this call. ``method`` is the whole call less the
+    loss passes: the warm-up's LoRA steps and the gradient pass, what the method itself
+    needs (the loss passes are S2L's trajectories)."""
     from clusterft import score
 
-    cfg = {**score_cfg, "projection": projection, "num_threads": threads}
+    cfg = {**score_cfg, "projection": projection, "num_threads": threads,
+           "sparse_logits": sparse_logits}
     m = copy.deepcopy(model)
-    warm = {}
-    inner = score.warmup_lora
+    spent = {"warmup": [0.0, 0.0], "losses": [0.0, 0.0]}
+    inner = {"warmup": score.warmup_lora, "losses": score.pool_losses}
 
-    def timed_warmup(*args, **kwargs):
-        w0, c0 = time.perf_counter(), time.process_time()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            warm.update(wall=time.perf_counter() - w0, cpu=time.process_time() - c0)
+    def timed(key: str):
+        def call(*args, **kwargs):
+            w0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return inner[key](*args, **kwargs)
+            finally:
+                spent[key][0] += time.perf_counter() - w0
+                spent[key][1] += time.process_time() - c0
+        return call
 
-    score.warmup_lora = timed_warmup
+    score.warmup_lora, score.pool_losses = timed("warmup"), timed("losses")
     try:
         w0, c0 = time.perf_counter(), time.process_time()
         _, _, _, info = score.compute_features_info(m, tok, pool, cfg, seed=0)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     finally:
-        score.warmup_lora = inner
-    return {"total": wall, "warmup": warm["wall"], "gradients": wall - warm["wall"],
-            "total_cpu": cpu, "gradients_cpu": cpu - warm["cpu"],
+        score.warmup_lora, score.pool_losses = inner["warmup"], inner["losses"]
+    return {"total": wall, "warmup": spent["warmup"][0], "losses": spent["losses"][0],
+            "gradients": wall - spent["warmup"][0], "method": wall - spent["losses"][0],
+            "total_cpu": cpu, "gradients_cpu": cpu - spent["warmup"][1],
+            "method_cpu": cpu - spent["losses"][1],
             "steps": info["warmup_steps"], "lora_dim": info["lora_dim"]}
 
 
@@ -117,15 +131,16 @@ def time_train(model, tok, pool, train_cfg: dict, epochs: int) -> dict:
             "trained": trained, "tokens": float(metrics["tokens"])}
 
 
-def time_loss_pass(model, tok, pool, score_cfg: dict) -> float:
-    """One no-grad pass of per-example losses over the pool (what each loss point costs)."""
+def time_loss_pass(model, tok, pool, score_cfg: dict, sparse: bool) -> float:
+    """One no-grad pass of per-example losses over the pool (what each loss point costs),
+    with the LM head at the label positions only (``sparse``) or everywhere."""
     from clusterft.score import _encode_all, merge_cfg, pool_losses
 
     cfg = merge_cfg(score_cfg)
     encoded, _ = _encode_all(tok, pool, cfg)
     m = copy.deepcopy(model).eval()
     t0 = time.perf_counter()
-    pool_losses(m, encoded, int(cfg["batch_size"]), tok.pad_token_id)
+    pool_losses(m, encoded, int(cfg["batch_size"]), tok.pad_token_id, sparse)
     return time.perf_counter() - t0
 
 
@@ -148,13 +163,18 @@ def main() -> None:
     t_start = time.perf_counter()
     tok, model, pool, score_cfg, train_cfg = setup(a.size, a.n, a.smoke)
     n_params = sum(p.numel() for p in model.parameters())
-    runs: dict[str, list[dict]] = {"train": [], "dense": [], "kronecker": []}
-    loss_pass = []
+    # dense-full: the dense projection with the LM head over every position
+    # (score.sparse_logits false), the stage as it was before the label-only head.
+    variants = {"dense": ("rademacher", True), "kronecker": ("kronecker", True),
+                "dense-full": ("rademacher", False)}
+    runs: dict[str, list[dict]] = {"train": [], **{key: [] for key in variants}}
+    loss_pass: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(a.repeats):  # interleaved, so a slow minute hits every variant
         runs["train"].append(time_train(model, tok, pool, train_cfg, a.epochs))
-        for proj, key in (("rademacher", "dense"), ("kronecker", "kronecker")):
-            runs[key].append(time_score(model, tok, pool, score_cfg, proj, a.threads))
-        loss_pass.append(time_loss_pass(model, tok, pool, score_cfg))
+        for key, (proj, sparse) in variants.items():
+            runs[key].append(time_score(model, tok, pool, score_cfg, proj, a.threads, sparse))
+        for sparse in loss_pass:
+            loss_pass[sparse].append(time_loss_pass(model, tok, pool, score_cfg, sparse))
 
     def med(key: str, field: str) -> float:
         return statistics.median(r[field] for r in runs[key])
@@ -166,29 +186,39 @@ def main() -> None:
           f"({'tiny' if a.smoke else a.size}), {a.n} synthetic examples, {a.threads} thread(s), "
           f"medians of {a.repeats} interleaved runs")
     print(f"score section {score_cfg}; train section {train_cfg} (timed: {a.epochs} epoch(s))")
-    print(f"\n{'stage':<28}{'s total':>9}{'ms/example':>12}{'cpu ms/ex':>11}")
-    print(f"{'train loop (' + str(a.epochs) + ' epoch)':<28}{med('train', 'loop'):>9.2f}"
+    print(f"\n{'stage':<32}{'s total':>9}{'ms/example':>12}{'cpu ms/ex':>11}")
+    print(f"{'train loop (' + str(a.epochs) + ' epoch)':<32}{med('train', 'loop'):>9.2f}"
           f"{1e3 * train_pe:>12.2f}{1e3 * train_cpu:>11.2f}   ({trained} examples trained)")
     pe = {}
-    for key in ("dense", "kronecker"):
+    for key in variants:
         ex, inc = med(key, "gradients") / a.n, med(key, "total") / a.n
+        own = med(key, "method") / a.n
         ex_c, inc_c = med(key, "gradients_cpu") / a.n, med(key, "total_cpu") / a.n
-        pe[key] = (ex / train_pe, inc / train_pe, ex_c / train_cpu, inc_c / train_cpu)
-        print(f"{'score ' + key + ', gradients':<28}{med(key, 'gradients'):>9.2f}"
+        own_c = med(key, "method_cpu") / a.n
+        pe[key] = (ex / train_pe, own / train_pe, inc / train_pe,
+                   ex_c / train_cpu, own_c / train_cpu, inc_c / train_cpu)
+        print(f"{'score ' + key + ', gradients':<32}{med(key, 'gradients'):>9.2f}"
               f"{1e3 * ex:>12.2f}{1e3 * ex_c:>11.2f}")
-        print(f"{'score ' + key + ', with warm-up':<28}{med(key, 'total'):>9.2f}"
+        print(f"{'score ' + key + ', method':<32}{med(key, 'method'):>9.2f}"
+              f"{1e3 * own:>12.2f}{1e3 * own_c:>11.2f}   (warm-up steps + gradients)")
+        print(f"{'score ' + key + ', with warm-up':<32}{med(key, 'total'):>9.2f}"
               f"{1e3 * inc:>12.2f}{1e3 * inc_c:>11.2f}   (warm-up {med(key, 'warmup'):.2f} s: "
-              f"{runs[key][0]['steps']} steps + loss points; LoRA D={runs[key][0]['lora_dim']})")
-    lp = statistics.median(loss_pass)
-    print(f"{'one loss pass (no grad)':<28}{lp:>9.2f}{1e3 * lp / a.n:>12.2f}   (the warm-up "
-          f"makes {score_cfg.get('loss_points', 5)} of them: S2L's trajectories)")
+              f"{runs[key][0]['steps']} steps + loss passes {med(key, 'losses'):.2f} s; "
+              f"LoRA D={runs[key][0]['lora_dim']})")
+    lp = {sparse: statistics.median(v) for sparse, v in loss_pass.items()}
+    for sparse, label in ((True, "label-only head"), (False, "full logits")):
+        print(f"{'one loss pass, ' + label:<32}{lp[sparse]:>9.2f}{1e3 * lp[sparse] / a.n:>12.2f}"
+              f"   (the warm-up makes {score_cfg.get('loss_points', 5)}: S2L's trajectories)")
     print(f"\ntotal {time.perf_counter() - t_start:.1f}s")
-    print("ratios, score / train step, per example (target <= 1.5x); wall, then CPU "
-          "seconds (the process's: steadier where other jobs share the cores):")
-    for key in ("dense", "kronecker"):
-        ex, inc, ex_c, inc_c = pe[key]
-        print(f"  {key:<10} wall: warm-up excluded {ex:.2f}x  included {inc:.2f}x | "
-              f"cpu: excluded {ex_c:.2f}x  included {inc_c:.2f}x")
+    print(f"loss pass, full logits / label-only head: {lp[False] / lp[True]:.2f}x; stage with "
+          f"warm-up, dense-full / dense: {med('dense-full', 'total') / med('dense', 'total'):.2f}x")
+    print("ratios, score / train step, per example (target <= 1.5x): gradient pass; method "
+          "(warm-up steps + gradient pass); whole stage (with S2L's loss passes). Wall, then "
+          "CPU seconds (the process's: steadier where other jobs share the cores):")
+    for key in variants:
+        ex, own, inc, ex_c, own_c, inc_c = pe[key]
+        print(f"  {key:<10} wall: gradients {ex:.2f}x  method {own:.2f}x  stage {inc:.2f}x | "
+              f"cpu: gradients {ex_c:.2f}x  method {own_c:.2f}x  stage {inc_c:.2f}x")
 
 
 if __name__ == "__main__":

@@ -57,11 +57,12 @@ def test_bench_train_step_smoke_rewrites_are_exact_and_ratios_last() -> None:
 
 def test_bench_score_vs_train_smoke_prints_both_projections_last() -> None:
     lines = _smoke("bench_score_vs_train.py")
-    assert lines[-3].startswith("ratios, score / train step")
-    for line, key in zip(lines[-2:], ("dense", "kronecker")):
-        assert line.split()[0] == key and len(_ratios(line)) == 4  # wall, then CPU
-        excluded, included, excluded_cpu, included_cpu = _ratios(line)
-        assert 0 < excluded < included and 0 < excluded_cpu < included_cpu  # warm-up costs
+    assert lines[-4].startswith("ratios, score / train step")
+    for line, key in zip(lines[-3:], ("dense", "kronecker", "dense-full")):
+        assert line.split()[0] == key and len(_ratios(line)) == 6  # wall, then CPU
+        grads, method, stage, grads_cpu, method_cpu, stage_cpu = _ratios(line)
+        # the warm-up's steps cost, and its loss passes on top
+        assert 0 < grads < method < stage and 0 < grads_cpu < method_cpu < stage_cpu
     assert any("(48 examples trained)" in ln for ln in lines)
 
 
