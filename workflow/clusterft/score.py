@@ -24,6 +24,9 @@ Pipeline (``compute_features``):
    - ``method: func``: ``torch.func.vmap(grad(functional_call))`` over the batch.
    Both match a batch-size-1 loop (tests). Batches are formed from length-sorted
    examples to cut padding (each example's gradient does not depend on its batch mates).
+   With ``sparse_logits`` (default) the LM head runs only at the positions that predict a
+   response token, here, in the warm-up and in the loss passes: the other positions carry
+   no loss, so losses and gradients are the same up to float rounding, for less head work.
    With ``gradient_type: adam`` the gradient is replaced by LESS's Adam-preconditioned
    update direction ``(b1*m + (1-b1)*g) / sqrt(b2*v + (1-b2)*g^2 + eps)`` using the
    warm-up optimiser's moments (``m``, ``v``); ``sgd`` (default) keeps the raw gradient.
