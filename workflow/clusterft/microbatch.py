@@ -34,6 +34,23 @@ from .tokenize import IGNORE_INDEX, round_up
 SPARSE_LOGIT_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
+def sparse_logits_apply(model: torch.nn.Module, sparse_logits: bool) -> bool:
+    """Whether the label-only head is asked for and exact for ``model``'s architecture."""
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    return bool(sparse_logits) and model_type in SPARSE_LOGIT_TYPES
+
+
+def label_logits(model: torch.nn.Module, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor, labels: torch.Tensor):
+    """(logits [M, V], targets [M], keep [B, T-1]) at the M positions that predict a label:
+    the decoder's hidden states there go through the LM head, the others do not."""
+    target = labels[:, 1:]
+    keep = target != IGNORE_INDEX
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                 use_cache=False).last_hidden_state
+    return model.get_output_embeddings()(hidden[:, :-1][keep]), target[keep], keep
+
+
 def plan_micro_batches(lengths: Sequence[int], group_cost_tokens: float,
                        pad_to_multiple_of: int = 1) -> list[list[int]]:
     """Split a batch into length-sorted groups minimising padded tokens + a cost per group.
@@ -91,20 +108,17 @@ class CausalLMLoss(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, sparse_logits: bool = True) -> None:
         super().__init__()
         self.model = model
-        model_type = getattr(getattr(model, "config", None), "model_type", "")
-        self.sparse = bool(sparse_logits) and model_type in SPARSE_LOGIT_TYPES
+        self.sparse = sparse_logits_apply(model, sparse_logits)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 labels: torch.Tensor) -> torch.Tensor:
-        target = labels[:, 1:]
-        keep = target != IGNORE_INDEX
         if self.sparse:
-            hidden = self.model.get_decoder()(input_ids=input_ids,
-                                              attention_mask=attention_mask).last_hidden_state
-            logits = self.model.get_output_embeddings()(hidden[:, :-1][keep])
+            logits, target, _ = label_logits(self.model, input_ids, attention_mask, labels)
         else:
+            keep = labels[:, 1:] != IGNORE_INDEX
+            target = labels[:, 1:][keep]
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][keep]
-        return F.cross_entropy(logits.float(), target[keep], reduction="sum")
+        return F.cross_entropy(logits.float(), target, reduction="sum")
 
 
 def backward_step(loss_fn: torch.nn.Module, examples: Sequence[dict], collate: Callable,

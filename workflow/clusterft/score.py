@@ -497,28 +497,14 @@ def per_example_loss(logits, labels):
 
 def use_sparse_logits(model, cfg: dict) -> bool:
     """Whether ``cfg["sparse_logits"]`` applies to ``model``'s architecture."""
-    from .microbatch import SPARSE_LOGIT_TYPES
+    from .microbatch import sparse_logits_apply
 
-    model_type = getattr(getattr(model, "config", None), "model_type", "")
-    return bool(cfg.get("sparse_logits")) and model_type in SPARSE_LOGIT_TYPES
-
-
-def label_logits(model, batch: dict):
-    """(logits [M, V], targets [M], example of each [M]) at the M positions that predict a
-    label: the decoder's hidden states there go through the LM head, the others do not."""
-    labels = batch["labels"]
-    target = labels[:, 1:]
-    keep = target != -100
-    hidden = model.get_decoder()(input_ids=batch["input_ids"],
-                                 attention_mask=batch["attention_mask"],
-                                 use_cache=False).last_hidden_state
-    logits = model.get_output_embeddings()(hidden[:, :-1][keep])
-    return logits, target[keep], keep.nonzero()[:, 0]
+    return sparse_logits_apply(model, cfg.get("sparse_logits"))
 
 
 def example_losses(model, batch: dict, sparse: bool):
     """Each example's :func:`per_example_loss` ([B]) under ``model``; with ``sparse`` from
-    :func:`label_logits` (the same values up to float rounding)."""
+    ``clusterft.microbatch.label_logits`` (the same values up to float rounding)."""
     import torch
     import torch.nn.functional as F
 
@@ -526,21 +512,27 @@ def example_losses(model, batch: dict, sparse: bool):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        use_cache=False).logits
         return per_example_loss(logits, batch["labels"])
-    logits, target, rows = label_logits(model, batch)
+    from .microbatch import label_logits
+
+    logits, target, keep = label_logits(model, batch["input_ids"], batch["attention_mask"],
+                                        batch["labels"])
     tok = F.cross_entropy(logits.float(), target, reduction="none")
-    count = (batch["labels"][:, 1:] != -100).sum(1).to(tok.dtype)
-    sums = torch.zeros(len(count), dtype=tok.dtype, device=tok.device).index_add_(0, rows, tok)
-    return sums / count.clamp_min(1.0)
+    count = keep.sum(1).to(tok.dtype)
+    sums = torch.zeros(len(count), dtype=tok.dtype, device=tok.device)
+    return sums.index_add_(0, keep.nonzero()[:, 0], tok) / count.clamp_min(1.0)
 
 
 def batch_loss(model, batch: dict, sparse: bool):
     """The batch's mean next-token loss over all its label tokens (HF's ``.loss``); with
-    ``sparse`` from :func:`label_logits`."""
+    ``sparse`` from ``clusterft.microbatch.label_logits``."""
     import torch.nn.functional as F
 
     if not sparse:
         return model(**batch, use_cache=False).loss
-    logits, target, _ = label_logits(model, batch)
+    from .microbatch import label_logits
+
+    logits, target, _ = label_logits(model, batch["input_ids"], batch["attention_mask"],
+                                     batch["labels"])
     return F.cross_entropy(logits.float(), target)
 
 
