@@ -3,7 +3,7 @@
 Both backends cluster the same seeded data in one process: a Gaussian mixture on the
 sphere (``--k`` random unit directions, each row = its direction + ``--noise`` x N(0, I/d),
 L2-normalised, float32), N rows x d dims for every N in ``--sizes`` and d in ``--dims``.
-Each cell times ``clusterft.cluster.cosine_kmeans(x, k, seed, n_init, max_iter, backend)``
+Each cell times ``clusterft.stages.cluster.cosine_kmeans(x, k, seed, n_init, max_iter, backend)``
 end to end (normalisation, seeding, iterations, final assignment, numbering); the figure
 is the median of ``--repeats`` runs. Both run on one core: faiss sets one thread inside
 the call, and numpy's BLAS is pinned to one thread here before numpy is imported, so the
@@ -35,8 +35,8 @@ for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from clusterft.cluster import cosine_kmeans  # noqa: E402
-from clusterft.stats import cluster_agreement  # noqa: E402
+from clusterft.stages.cluster import cosine_kmeans  # noqa: E402
+from clusterft.analysis.stats import cluster_agreement  # noqa: E402
 
 BACKENDS = ("numpy", "faiss")
 

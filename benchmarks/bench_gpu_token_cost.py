@@ -1,11 +1,11 @@
-"""Measure the cost model's per-token and per-step costs on a GPU (``clusterft.costmodel``).
+"""Measure the cost model's per-token and per-step costs on a GPU (``clusterft.analysis.costmodel``).
 
 The cost model predicts a training step as ``slowest rank's padded tokens x seconds per
 token + a fixed per-step cost``, with a per-token default derived from FLOPs at an assumed
 utilisation. This script measures both on the GPU at hand: it builds a Llama with the
 layer shapes of a real model (default Llama-2 7B: hidden 4096, MLP 11008, 32 heads, vocab
 32000) but only ``--layers`` decoder layers (so it fits next to its activations on one
-GPU), wraps it in LoRA exactly as train does (``clusterft.lora.add_lora``, the repo's
+GPU), wraps it in LoRA exactly as train does (``clusterft.modeling.lora.add_lora``, the repo's
 defaults unless changed), and times forward + backward + AdamW steps in bf16 autocast at
 several token counts (batch x sequence length). A least-squares line through
 (tokens, seconds) gives the per-token slope and the fixed intercept. It repeats that at
@@ -34,9 +34,9 @@ for _k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from clusterft.costmodel import (DEFAULT_MFU, DEFAULT_STEP_OVERHEAD_S,  # noqa: E402
+from clusterft.analysis.costmodel import (DEFAULT_MFU, DEFAULT_STEP_OVERHEAD_S,  # noqa: E402
                                  H100_BF16_FLOPS, CostModel)
-from clusterft.lora import DEFAULTS as LORA_DEFAULTS, add_lora  # noqa: E402
+from clusterft.modeling.lora import DEFAULTS as LORA_DEFAULTS, add_lora  # noqa: E402
 
 SHAPES = {  # Llama-2 layer shapes (the models' config.json)
     "7b": dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32,

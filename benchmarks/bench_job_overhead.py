@@ -1,12 +1,12 @@
 """Fixed costs of a job, measured side by side in one run.
 
 1. **Process exit**: a Python process that has imported torch + transformers (+ lm-eval)
-   and loaded a model, exiting normally vs after ``clusterft.runtime.freeze_for_exit()``
+   and loaded a model, exiting normally vs after ``clusterft.pipeline.runtime.freeze_for_exit()``
    (what every entry point now calls when its work is done). Seconds from the end of the
    work to the end of the process, best of ``--repeats``.
 2. **One rank vs two** (with ``--workdir`` of a finished run): the same training (one epoch
    of a dataset's full selection, global batch 32) on 1 rank as a plain ``python -m
-   clusterft.train`` process (how the workflow starts one-GPU runs), on 1 rank under
+   clusterft.stages.train`` process (how the workflow starts one-GPU runs), on 1 rank under
    torchrun, and on 2 ranks under torchrun, 1 thread per rank: wall seconds of the whole
    call and core-seconds (wall x ranks), the cost Snakemake books for the job on a CPU
    machine; the three launches interleaved ``--repeats`` times, medians printed. The
@@ -48,7 +48,7 @@ cfg = LlamaConfig(vocab_size=256 if small else 2048, hidden_size=32 if small els
                   num_attention_heads=4, num_key_value_heads=4)
 model = AutoModelForCausalLM.from_config(cfg)
 if sys.argv[1] == "freeze":
-    from clusterft.runtime import freeze_for_exit
+    from clusterft.pipeline.runtime import freeze_for_exit
     freeze_for_exit()
 print(f"{time.time():.6f}", flush=True)
 """
@@ -66,7 +66,7 @@ def train_job(workdir: Path, dataset: str, size: str, nproc: int, out: Path,
     cfg = {"epochs": 1, "global_batch_size": 32, "lr": 4e-3, "max_length": 192}
     launch = ["-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
               f"--nproc-per-node={nproc}"] if launcher else []
-    cmd = [sys.executable, *launch, "-m", "clusterft.train",
+    cmd = [sys.executable, *launch, "-m", "clusterft.stages.train",
            "--model", str(workdir / "results" / "models" / size / "base"),
            "--pool", str(workdir / "results" / "data" / dataset / "pool.jsonl"),
            "--selection", str(workdir / "results" / "select" / dataset / size / "full-1" / "s0"

@@ -5,7 +5,7 @@ initialised Llama with peft LoRA on q/k/v/o, lora_B nonzero as after a warm-up; 
 of ``benchmarks/bench_score.py``):
 
 (a) **LESS loop**: one example at a time: forward, backward, flatten the LoRA gradient,
-    dense projection (``clusterft.score.Projector``, as ``score.projection: rademacher``);
+    dense projection (``clusterft.stages.score.Projector``, as ``score.projection: rademacher``);
 (b) **hook + dense**: the batched hook path, ``dW = einsum(dy, x)`` per layer, flatten,
     the same dense projection (the score stage's default);
 (c) **hook + kronecker**: the batched hook path, ``x`` and ``dy`` projected first, blocks
@@ -128,7 +128,7 @@ def measure(fn, repeats: int):
 def bench_paths(args) -> dict:
     from bench_score import random_batch, tiny_lora_llama
 
-    from clusterft.score import grads_loop, make_projector, merge_cfg, project_batch
+    from clusterft.stages.score import grads_loop, make_projector, merge_cfg, project_batch
 
     model = tiny_lora_llama(hidden=args.hidden, inter=2 * args.hidden, layers=args.layers,
                             heads=args.heads, vocab=args.vocab, r=args.rank)
@@ -182,8 +182,8 @@ def scan_shapes(kind: str, d_target: float, rank: int) -> list[tuple[int, int]]:
 
 
 def bench_scan(args) -> dict:
-    from clusterft.projection import KroneckerProjector
-    from clusterft.score import PROJECTION_CHUNK_ROWS, Projector
+    from clusterft.stages.score.projection import KroneckerProjector
+    from clusterft.stages.score import PROJECTION_CHUNK_ROWS, Projector
 
     t, b = args.tokens, args.scan_batch
     gen = torch.Generator().manual_seed(0)

@@ -20,7 +20,7 @@ Both anchors are in ``benchmarks/balancing_anchors.py``. Per method and rank cou
   default 256; -1 pads the whole batch to its longest); 0 for multipack, which packs;
 * ``step cost``: per step, the slowest rank's padded tokens over the mean real tokens per
   rank: what a step costs relative to a perfectly balanced, unpadded one (the quantity
-  ``clusterft.costmodel`` turns into time);
+  ``clusterft.analysis.costmodel`` turns into time);
 * ``clusters``: distinct clusters per rank-batch (mean over rank-batches);
 * ``us/index``: microseconds to plan one example (one epoch's plan over the pool / N).
 
@@ -53,7 +53,7 @@ import torch  # noqa: E402
 from torch.utils.data import DistributedSampler  # noqa: E402
 
 from balancing_anchors import kk_plan, multipack_plan  # noqa: E402
-from clusterft.costmodel import rank_padded_tokens  # noqa: E402
+from clusterft.analysis.costmodel import rank_padded_tokens  # noqa: E402
 from clusterft.sampler import ClusterBalancedSampler  # noqa: E402
 
 METHODS = ("balanced", "random", "kk", "multipack")
@@ -92,7 +92,7 @@ def plan_stats(steps: list[list[list[int]]], lengths: np.ndarray, cid: np.ndarra
                packed: bool, group_cost_tokens: float = -1) -> dict:
     """max/mean, padding fraction, step cost and distinct clusters of a plan given as
     steps of per-rank index lists (empty ranks count as zero load). A rank's padded tokens
-    are what train processes (``clusterft.costmodel.rank_padded_tokens``: length-grouped
+    are what train processes (``clusterft.analysis.costmodel.rank_padded_tokens``: length-grouped
     micro-batches at ``group_cost_tokens``; -1: one batch padded to its longest)."""
     ratios, costs, distinct = [], [], []
     real_sum = padded_sum = 0.0

@@ -9,9 +9,9 @@ method's agreement with the loop (minimum cosine over the batch). Times are the 
 threads competing with other processes for two cores slow every method down several-fold
 and unevenly).
 
-``--end-to-end N`` also times ``clusterft.score.compute_features`` (warm-up + gradients +
+``--end-to-end N`` also times ``clusterft.stages.score.compute_features`` (warm-up + gradients +
 projection) on N synthetic examples for the ``small`` and ``large`` model sizes of
-``clusterft.models.DEFAULTS`` (or ``--sizes``), and extrapolates to ``--target`` examples.
+``clusterft.stages.models.DEFAULTS`` (or ``--sizes``), and extrapolates to ``--target`` examples.
 
     python benchmarks/bench_score.py [--repeats 4] [--threads 0] [--end-to-end 300]
     python benchmarks/bench_score.py --smoke   (tiny sizes in seconds: a check that it runs)
@@ -36,8 +36,8 @@ def tiny_lora_llama(hidden=128, inter=256, layers=2, heads=4, vocab=2048, r=8, s
                     attn="sdpa"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from clusterft.lora import DEFAULTS as LORA
-    from clusterft.lora import add_lora
+    from clusterft.modeling.lora import DEFAULTS as LORA
+    from clusterft.modeling.lora import add_lora
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
@@ -84,7 +84,7 @@ SMOKE = {"model": {"hidden": 32, "inter": 64, "layers": 1, "heads": 2, "vocab": 
 
 def bench_grads(repeats: int, smoke: bool = False) -> list[tuple[str, float]]:
     """Print the methods' table; return (method, speed-up over the loop) pairs."""
-    from clusterft.score import per_example_grads
+    from clusterft.stages.score import per_example_grads
 
     mk, bk = (SMOKE["model"], SMOKE["batch"]) if smoke else ({}, {})
     batch = random_batch(**bk)
@@ -137,10 +137,10 @@ def bench_end_to_end(n: int, target: int, sizes: list[str]) -> None:
 
     import numpy as np
 
-    from clusterft import score
-    from clusterft.models import DEFAULTS as MODEL_DEFAULTS
-    from clusterft.models import build_model, count_params, train_tokenizer
-    from clusterft.tokenize import encode_example
+    from clusterft.stages import score
+    from clusterft.stages.models import DEFAULTS as MODEL_DEFAULTS
+    from clusterft.stages.models import build_model, count_params, train_tokenizer
+    from clusterft.modeling.tokenize import encode_example
 
     texts = inspect.getsource(score).splitlines(keepends=True) * 3
     tok = train_tokenizer(texts, 2048, None, seed=0)

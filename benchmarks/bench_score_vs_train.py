@@ -1,12 +1,12 @@
 """Scoring cost per example against one training step's cost per example (issue 14, item 2:
 target <= 1.5x), side by side in one process on the same model, data and threads.
 
-Score: ``clusterft.score.compute_features_info`` (the score stage: LoRA warm-up with the
+Score: ``clusterft.stages.score.compute_features_info`` (the score stage: LoRA warm-up with the
 loss-trajectory passes, then the per-example gradient pass and projection) with
 ``score.projection`` rademacher (dense) and kronecker; its seconds per pool example with the
 warm-up (``score.warmup_lora``: LoRA steps and loss passes) excluded and included (the
 whole call). Train:
-``clusterft.train.train_loop`` (the train stage's loop: micro-batched forward/backward,
+``clusterft.stages.train.train_loop`` (the train stage's loop: micro-batched forward/backward,
 clipping, AdamW, schedule) for ``--epochs`` epochs over the same examples; its seconds per
 example trained (loop seconds / (steps x global batch)). Both with the embedded default's
 ``score`` and ``train`` sections (config/config.yaml) on a randomly initialised Llama of its
@@ -57,8 +57,8 @@ def setup(size: str, n: int, smoke: bool):
     import inspect
 
     from bench_score import synthetic_pool
-    from clusterft import score
-    from clusterft.models import build_model, train_tokenizer
+    from clusterft.stages import score
+    from clusterft.stages.models import build_model, train_tokenizer
 
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     texts = inspect.getsource(score).splitlines(keepends=True) * 3
@@ -80,7 +80,7 @@ def time_score(model, tok, pool, score_cfg: dict, projection: str, threads: int,
     timed by wrapping the function for this call. ``method`` is the whole call less the
     loss passes: the warm-up's LoRA steps and the gradient pass, what the method itself
     needs (the loss passes are S2L's trajectories)."""
-    from clusterft import score
+    from clusterft.stages import score
 
     cfg = {**score_cfg, "projection": projection, "num_threads": threads,
            "sparse_logits": sparse_logits}
@@ -115,9 +115,9 @@ def time_score(model, tok, pool, score_cfg: dict, projection: str, threads: int,
 def time_train(model, tok, pool, train_cfg: dict, epochs: int) -> dict:
     import numpy as np
 
-    from clusterft.distributed import Dist
-    from clusterft.tokenize import encode_records
-    from clusterft.train import train_config, train_loop
+    from clusterft.modeling.distributed import Dist
+    from clusterft.modeling.tokenize import encode_records
+    from clusterft.stages.train import train_config, train_loop
 
     cfg = train_config({**train_cfg, "epochs": epochs})
     examples, _ = encode_records(tok, pool, int(cfg["max_length"]), "truncate")
@@ -134,7 +134,7 @@ def time_train(model, tok, pool, train_cfg: dict, epochs: int) -> dict:
 def time_loss_pass(model, tok, pool, score_cfg: dict, sparse: bool) -> float:
     """One no-grad pass of per-example losses over the pool (what each loss point costs),
     with the LM head at the label positions only (``sparse``) or everywhere."""
-    from clusterft.score import _encode_all, merge_cfg, pool_losses
+    from clusterft.stages.score import _encode_all, merge_cfg, pool_losses
 
     cfg = merge_cfg(score_cfg)
     encoded, _ = _encode_all(tok, pool, cfg)

@@ -1,5 +1,5 @@
 """Benchmark one training step: plain padded batch vs length-grouped micro-batches and
-the label-only LM head (clusterft.microbatch), side by side in one run.
+the label-only LM head (clusterft.modeling.microbatch), side by side in one run.
 
 Each variant runs forward + backward on the same step batches (``--batch`` examples,
 per rank) and is timed as the best of ``--repeats`` passes over ``--steps`` batches; it
@@ -35,9 +35,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from clusterft.microbatch import CausalLMLoss, backward_step  # noqa: E402
-from clusterft.precision import native_bf16  # noqa: E402
-from clusterft.tokenize import IGNORE_INDEX, Collator  # noqa: E402
+from clusterft.modeling.microbatch import CausalLMLoss, backward_step  # noqa: E402
+from clusterft.modeling.precision import native_bf16  # noqa: E402
+from clusterft.modeling.tokenize import IGNORE_INDEX, Collator  # noqa: E402
 
 
 def synthetic(n: int, median: float, max_length: int, vocab: int, seed: int) -> list[dict]:
@@ -52,9 +52,9 @@ def synthetic(n: int, median: float, max_length: int, vocab: int, seed: int) -> 
 
 
 def from_run(workdir: Path, dataset: str, size: str, max_length: int, n: int):
-    from clusterft.io import read_jsonl
-    from clusterft.hf import load_tokenizer
-    from clusterft.tokenize import encode_records
+    from clusterft.pipeline.io import read_jsonl
+    from clusterft.modeling.hf import load_tokenizer
+    from clusterft.modeling.tokenize import encode_records
     from transformers import AutoModelForCausalLM
 
     model_dir = workdir / "results" / "models" / size / "base"

@@ -46,7 +46,7 @@ def tiny_corpus_path(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory) -> Path:
     """A byte-level BPE tokenizer (vocab 512) trained on stdlib source."""
-    from clusterft.models import train_tokenizer
+    from clusterft.stages.models import train_tokenizer
 
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
     train_tokenizer(stdlib_text(), TINY_VOCAB, out, seed=0)
@@ -56,9 +56,9 @@ def tiny_tokenizer_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
     """An HF dir (model + tokenizer) of a ~25k-parameter Llama, pretrained for 60 steps."""
-    from clusterft.hf import load_tokenizer
-    from clusterft.models import build_model, save_model
-    from clusterft.pretrain import pretrain
+    from clusterft.modeling.hf import load_tokenizer
+    from clusterft.stages.models import build_model, save_model
+    from clusterft.modeling.pretrain import pretrain
 
     tok = load_tokenizer(tiny_tokenizer_dir)
     model = build_model(tok, TINY_SIZE, seed=0)
@@ -108,7 +108,7 @@ def tiny_pool_labels() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def tiny_pool_path(tmp_path_factory, tiny_pool) -> Path:
     """``tiny_pool`` written as pool.jsonl."""
-    from clusterft.io import write_jsonl
+    from clusterft.pipeline.io import write_jsonl
 
     p = tmp_path_factory.mktemp("pool") / "pool.jsonl"
     write_jsonl(p, tiny_pool)
@@ -125,7 +125,7 @@ PREPARED_SIZES = {"skills": {"n": 2000}, "pycode": {"n": 2100},
 def prepared_root(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
     """(root, summary per dataset): root/<dataset>/{pool.jsonl, labels.parquet} and every
     task's items in root/bench/, seed 0."""
-    from clusterft.data import run_prepare_data
+    from clusterft.stages.data.prepare import run_prepare_data
 
     root = tmp_path_factory.mktemp("prepared")
     summaries = {ds: run_prepare_data(ds, cfg, root / ds / "pool.jsonl",

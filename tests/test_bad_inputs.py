@@ -20,11 +20,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from clusterft.config import load_config
-from clusterft.pool import load_pool
-from clusterft.decontaminate import run_decontaminate
-from clusterft.errors import InputError
-from clusterft.io import write_parquet
+from clusterft.plan.config import load_config
+from clusterft.pools.poolfile import load_pool
+from clusterft.stages.data.decontaminate import run_decontaminate
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.io import write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD = Path(__file__).resolve().parent / "bad_inputs"
@@ -82,7 +82,7 @@ def test_missing_pool_file() -> None:
 # ------------------------------------------------------------------ examples too long
 
 def _train(tmp_path, model_dir, name: str, truncation: str, max_length: int = 48):
-    from clusterft.train import run_train
+    from clusterft.stages.train import run_train
 
     pool = BAD / "data" / name
     ids = [json.loads(x)["id"] for x in pool.read_text().splitlines() if x.strip()]
@@ -117,7 +117,7 @@ def test_pool_empty_after_rejecting_too_long(tmp_path, tiny_model_dir) -> None:
 def test_score_applies_trains_length_policy_before_any_gradient_work(tmp_path,
                                                                      tiny_model_dir) -> None:
     """The over-long checks stop the run at score (before its model loads), not at train."""
-    from clusterft.score import run_score
+    from clusterft.stages.score import run_score
 
     feats, scores = tmp_path / "f.npy", tmp_path / "s.parquet"
     path = BAD / "data" / "too_long.jsonl"
@@ -136,9 +136,9 @@ def test_score_applies_trains_length_policy_before_any_gradient_work(tmp_path,
 
 
 def test_length_policy_counts_what_train_will_cut_or_drop(tiny_model_dir) -> None:
-    from clusterft.pool import load_pool
-    from clusterft.hf import load_tokenizer
-    from clusterft.tokenize import check_length_policy
+    from clusterft.pools.poolfile import load_pool
+    from clusterft.modeling.hf import load_tokenizer
+    from clusterft.modeling.tokenize import check_length_policy
 
     tok = load_tokenizer(tiny_model_dir)
     path = BAD / "data" / "too_long.jsonl"

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft.balancecost import balance_markdown, balance_table, fit_cost, plan_work
-from clusterft.costmodel import CostModel
+from clusterft.analysis.balancecost import balance_markdown, balance_table, fit_cost, plan_work
+from clusterft.analysis.costmodel import CostModel
 
 
 def test_plan_work_sums_the_slowest_rank_of_each_step() -> None:

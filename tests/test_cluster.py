@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft.cluster import DEFAULTS, cosine_kmeans, run_cluster
-from clusterft.stats import cluster_agreement
-from clusterft.errors import InputError
+from clusterft.stages.cluster import DEFAULTS, cosine_kmeans, run_cluster
+from clusterft.analysis.stats import cluster_agreement
+from clusterft.pipeline.errors import InputError
 
 
 def blobs(sizes=(120, 60, 30, 20, 10), dim=32, noise=0.15, seed=0):
@@ -111,7 +111,7 @@ def test_cluster_agreement_values():
 
 
 def _write_inputs(tmp_path, x):
-    from clusterft.io import save_npy, write_parquet
+    from clusterft.pipeline.io import save_npy, write_parquet
 
     ids = [f"ex-{i}" for i in range(len(x))]
     save_npy(tmp_path / "features.npy", x)
@@ -144,7 +144,7 @@ def test_run_cluster_errors(tmp_path):
     assert not (tmp_path / "c.parquet").exists()
     with pytest.raises(InputError, match="unknown key"):
         run_cluster(f, s, {"kk": 2}, tmp_path / "c.parquet", tmp_path / "m.npy")
-    from clusterft.io import save_npy
+    from clusterft.pipeline.io import save_npy
 
     save_npy(f, x[:5])
     with pytest.raises(InputError, match="8 rows but features.npy has 5"):
@@ -159,8 +159,8 @@ def test_gradient_features_of_tiny_model_carry_skill_signal(tiny_model_dir, tiny
     import torch
     from transformers import AutoModelForCausalLM
 
-    from clusterft.hf import load_tokenizer
-    from clusterft.score import compute_features
+    from clusterft.modeling.hf import load_tokenizer
+    from clusterft.stages.score import compute_features
 
     tok = load_tokenizer(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
@@ -232,7 +232,7 @@ def test_faiss_deterministic_by_seed_and_restores_threads(faiss):
 
 
 def test_backend_validation(monkeypatch, faiss):
-    from clusterft.cluster import merge_cfg
+    from clusterft.stages.cluster import merge_cfg
 
     assert merge_cfg({"backend": "faiss"})["backend"] == "faiss"
     with pytest.raises(InputError, match="cluster.backend.*unknown backend 'sklearn'") as e:

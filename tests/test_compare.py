@@ -1,4 +1,4 @@
-"""clusterft.compare on two small results trees: byte identity per stage and the accuracy
+"""clusterft.tools.compare on two small results trees: byte identity per stage and the accuracy
 spread between trees next to the spread between seeds."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterft.compare import compare, main, render
+from clusterft.tools.compare import compare, main, render
 
 
 def _tree(root: Path, pool: str, accs: dict[str, tuple[float, float]]) -> Path:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterft import configdoc
-from clusterft.config import check_config, load_config, validate_schema
-from clusterft.errors import InputError
+from clusterft.tools import configdoc
+from clusterft.plan.config import check_config, load_config, validate_schema
+from clusterft.pipeline.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ["config/config.yaml", "config/paper.yaml", ".test/config.yaml"]
@@ -32,12 +32,13 @@ def test_shipped_configs_are_valid(path: str) -> None:
 
 def test_generated_readme_is_up_to_date() -> None:
     assert configdoc.README_PATH.read_text() == configdoc.build_readme(), \
-        "run: python -m clusterft.configdoc"
+        "run: python -m clusterft.tools.configdoc"
 
 
 def test_every_stage_key_is_documented() -> None:
     readme = configdoc.README_PATH.read_text()
-    from clusterft import score, train
+    from clusterft.stages import score
+    from clusterft.stages import train
 
     for key in list(score.DEFAULTS) + list(train.DEFAULTS):
         assert f"| `{key}`" in readme or f"| `{key}." in readme, key
@@ -182,7 +183,7 @@ def test_a_model_train_section_overrides_the_train_section(tmp_path: Path) -> No
                      "--directory", str(tmp_path), "--configfile", str(tmp_path / "c.yaml"),
                      cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    cmds = [ln for ln in out.stdout.splitlines() if "clusterft.train" in ln]
+    cmds = [ln for ln in out.stdout.splitlines() if "clusterft.stages.train" in ln]
     large = next(c for c in cmds if "models/large/base" in c)
     small = next(c for c in cmds if "models/small/base" in c)
     assert '"epochs": 2' in large and '"epochs": 3' in small
@@ -195,7 +196,7 @@ def test_a_model_train_section_overrides_the_train_section(tmp_path: Path) -> No
 
 
 def test_one_gpu_runs_start_without_torchrun(tmp_path: Path) -> None:
-    """A one-rank run is a plain `python -m clusterft.train` job; more ranks go through
+    """A one-rank run is a plain `python -m clusterft.stages.train` job; more ranks go through
     torchrun with one process per GPU."""
     out = _snakemake("results/train/skills/small/full-1/g1-balanced/s0/model",
                      "results/train/skills/small/full-1/g4-random/s0/model", "-n", "-p",
@@ -203,11 +204,11 @@ def test_one_gpu_runs_start_without_torchrun(tmp_path: Path) -> None:
                      "--configfile", str(ROOT / "config" / "config.yaml"), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     cmds = [ln.strip().removeprefix("Shell command: ") for ln in out.stdout.splitlines()
-            if "-m clusterft.train" in ln]
+            if "-m clusterft.stages.train" in ln]
     one = next(c for c in cmds if "/g1-balanced/" in c)
     four = next(c for c in cmds if "/g4-random/" in c)
-    assert one.startswith("python -m clusterft.train ") and "torchrun" not in one
-    assert four.startswith("torchrun --standalone --nnodes 1 --nproc-per-node 4 -m clusterft.train ")
+    assert one.startswith("python -m clusterft.stages.train ") and "torchrun" not in one
+    assert four.startswith("torchrun --standalone --nnodes 1 --nproc-per-node 4 -m clusterft.stages.train ")
     assert "--threads 1 " in one and "--threads 2 " in four  # --threads is capped at --cores 2
     # sweep.time.epochs: 1 applies to the time-only run, not to the accuracy run
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from clusterft.corpus import (DEFAULTS, Excluder, corpus_overlaps, exclude_texts, merge_cfg,
+from clusterft.stages.data.corpus import (DEFAULTS, Excluder, corpus_overlaps, exclude_texts, merge_cfg,
                               run_corpus)
-from clusterft.data import run_prepare_data
-from clusterft.errors import InputError
+from clusterft.stages.data.prepare import run_prepare_data
+from clusterft.pipeline.errors import InputError
 from clusterft.pools import icd10, ngrams, stdlib_snapshot, words
 
 SMALL = {"skills": {"n": 500, "items_per_task": 60},
@@ -66,7 +66,7 @@ def test_corpus_disjoint_from_pools_and_benchmarks(built):
 
 
 def test_corpus_excludes_pycode_files(built):
-    from clusterft.pool import load_pool
+    from clusterft.pools.poolfile import load_pool
     pool = load_pool(built["root"] / "pycode" / "pool.jsonl")
     files = {r["source"].split("/", 1)[1] for r in pool}
     headers = {ln[len("# file: "):] for ln in built["text"].split("\n") if ln.startswith("# file: ")}
@@ -112,7 +112,7 @@ def test_corpus_determinism_and_errors(tmp_path):
 
 def test_skills_words_are_single_tokens_of_a_corpus_bpe(built):
     """The skills vocabulary is 'token level' for a 2048-token BPE trained on this corpus."""
-    from clusterft.models import train_tokenizer
+    from clusterft.stages.models import train_tokenizer
     from clusterft.pools import skills
 
     lines = built["text"].splitlines(keepends=True)

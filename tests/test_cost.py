@@ -1,4 +1,4 @@
-"""The cost table (`python -m clusterft.cost`): its jobs are the workflow's own (per-rule
+"""The cost table (`python -m clusterft.tools.cost`): its jobs are the workflow's own (per-rule
 counts equal an independent `snakemake -n`), and its GPU-hours follow the cost model's
 arithmetic exactly on a small config where every number can be worked out by hand."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterft import cost
-from clusterft.costmodel import H100_BF16_FLOPS, KNOWN_PARAMS
-from clusterft.errors import InputError
+from clusterft.tools import cost
+from clusterft.analysis.costmodel import H100_BF16_FLOPS, KNOWN_PARAMS
+from clusterft.pipeline.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "config" / "paper.yaml"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clusterft.costmodel import (CostModel, compare_distributions, flops_per_token,
+from clusterft.analysis.costmodel import (CostModel, compare_distributions, flops_per_token,
                                  rank_padded_tokens, token_plan)
 from clusterft.sampler import ClusterBalancedSampler
 

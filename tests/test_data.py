@@ -7,9 +7,9 @@ import json
 import pandas as pd
 import pytest
 
-from clusterft.data import DEFAULTS, load_hf_pool, merge_cfg, run_prepare_data
-from clusterft.pool import load_pool, validate_example, write_pool
-from clusterft.errors import InputError
+from clusterft.stages.data.prepare import DEFAULTS, load_hf_pool, merge_cfg, run_prepare_data
+from clusterft.pools.poolfile import load_pool, validate_example, write_pool
+from clusterft.pipeline.errors import InputError
 
 
 def rec(i: int, user: str = "Reverse: a b", answer: str = " b a", **kw) -> dict:

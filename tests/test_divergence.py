@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft.errors import InputError
-from clusterft.optim import DivergedError, check_finite
+from clusterft.pipeline.errors import InputError
+from clusterft.modeling.optim import DivergedError, check_finite
 
 from conftest import TINY_SIZE
 from test_train import make_selection
@@ -28,7 +28,7 @@ def test_finite_values_pass_and_non_finite_ones_name_everything() -> None:
 
 
 def test_pretraining_stops_and_writes_no_base_model(tmp_path, tiny_tokenizer_dir, tiny_corpus_path):
-    from clusterft.models import run_model
+    from clusterft.stages.models import run_model
 
     out = tmp_path / "base"
     cfg = {"source": "build", "size": TINY_SIZE,
@@ -48,7 +48,7 @@ def test_pretraining_stops_and_writes_no_base_model(tmp_path, tiny_tokenizer_dir
     (1.0e6, r"zero gradient for \d+ of 64 examples \(ids \['tiny-.*lower score\.warmup_lr"),
 ])
 def test_scoring_warm_up_stops(tmp_path, tiny_model_dir, tiny_pool_path, lr, message):
-    from clusterft.score import run_score
+    from clusterft.stages.score import run_score
 
     feats, scores = tmp_path / "features.npy", tmp_path / "scores.parquet"
     cfg = {"dim": 16, "warmup_steps": 20, "warmup_fraction": 0.5, "warmup_lr": lr}
@@ -62,7 +62,7 @@ def test_training_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_model_
                                                            tiny_pool_path):
     import torch
 
-    from clusterft.train import run_train
+    from clusterft.stages.train import run_train
 
     sel = make_selection(tmp_path / "sel.parquet", tiny_pool, 32)
     out, metrics = tmp_path / "model", tmp_path / "train_metrics.json"
@@ -81,8 +81,8 @@ def test_training_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_model_
 
 
 def test_cluster_refuses_features_with_nan_rows(tmp_path):
-    from clusterft.cluster import run_cluster
-    from clusterft.io import save_npy, write_parquet
+    from clusterft.stages.cluster import run_cluster
+    from clusterft.pipeline.io import save_npy, write_parquet
 
     x = np.random.default_rng(0).normal(size=(20, 8)).astype(np.float32)
     x[[3, 11]] = np.nan

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterft.errors import InputError
-from clusterft.evaluate import DEFAULTS, run_evaluate, write_task_yamls
-from clusterft.io import set_offline_env, write_jsonl
-from clusterft.prompt import render_prompt
+from clusterft.pipeline.errors import InputError
+from clusterft.stages.evaluate import DEFAULTS, run_evaluate, write_task_yamls
+from clusterft.pipeline.io import set_offline_env, write_jsonl
+from clusterft.modeling.prompt import render_prompt
 
 set_offline_env()
 
@@ -245,7 +245,7 @@ def test_paced_model_gives_hf_results_and_logs_its_pace(tmp_path, random_model_d
                                                          capfd):
     """clusterft-hf (lm-eval's hf with pace lines) scores exactly as lm-eval's own hf, and
     writes a pace line per request type to stderr (the rule's log)."""
-    from clusterft import evaluate
+    from clusterft.stages import evaluate
 
     bench = tmp_path / "bench"
     _write_bench(bench, _load(random_model_dir))
@@ -274,7 +274,7 @@ def test_several_models_in_one_process_equal_a_process_each(tmp_path, model_dir,
 
     import pandas as pd
 
-    from clusterft.evaluate import run_evaluate_many
+    from clusterft.stages.evaluate import run_evaluate_many
 
     bench = tmp_path / "bench"
     _write_bench(bench, _load(random_model_dir))
@@ -287,7 +287,7 @@ def test_several_models_in_one_process_equal_a_process_each(tmp_path, model_dir,
                              seeds=[0, 1], out_items=items)
     assert [m["meta"]["seed"] for m in many] == [0, 1]
     alone = tmp_path / "alone" / "results.json"
-    code = ("import sys, json; from clusterft.evaluate import run_evaluate; "
+    code = ("import sys, json; from clusterft.stages.evaluate import run_evaluate; "
             "run_evaluate(sys.argv[1], ['mc_task', 'gen_task'], sys.argv[2], "
             "json.loads(sys.argv[3]), sys.argv[4], sys.argv[5], seed=1, out_items=sys.argv[6])")
     proc = subprocess.run([sys.executable, "-c", code, random_model_dir, str(bench),

@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from clusterft.config import validate_schema
-from clusterft.errors import InputError
-from clusterft.evaluate import merge_cfg, merge_shards, run_evaluate, shard_tasks
-from clusterft.io import set_offline_env, write_jsonl
-from clusterft.prompt import render_prompt
+from clusterft.plan.config import validate_schema
+from clusterft.pipeline.errors import InputError
+from clusterft.stages.evaluate import merge_cfg, merge_shards, run_evaluate, shard_tasks
+from clusterft.pipeline.io import set_offline_env, write_jsonl
+from clusterft.modeling.prompt import render_prompt
 
 set_offline_env()
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Embedding and TF-IDF features (clusterft.features) on the tiny real Llama and pool
+"""Embedding and TF-IDF features (clusterft.stages.features.representations) on the tiny real Llama and pool
 (conftest fixtures): score's format, so cluster runs on them unchanged."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import torch
 
-from clusterft import provenance
-from clusterft.errors import InputError
-from clusterft.features import (DEFAULTS, KINDS, embedding_features, example_text, merge_cfg,
+from clusterft.pipeline import provenance
+from clusterft.pipeline.errors import InputError
+from clusterft.stages.features.representations import (DEFAULTS, KINDS, embedding_features, example_text, merge_cfg,
                                 pool_scores, run_features, tfidf_features)
-from clusterft.tokenize import encode_example
+from clusterft.modeling.tokenize import encode_example
 
 EMB = {"batch_size": 8, "max_length": 64, "device": "cpu"}
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
-    from clusterft.hf import load_causal_lm, load_tokenizer
+    from clusterft.modeling.hf import load_causal_lm, load_tokenizer
 
     return load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir)
 
@@ -42,7 +42,7 @@ def _cos(a, b) -> float:
 def test_defaults_kinds_documented():
     import inspect
 
-    import clusterft.features as features
+    import clusterft.stages.features.representations as features
 
     assert set(DEFAULTS) == {"batch_size", "max_length", "dim", "device", "num_threads"}
     assert KINDS == ("embedding", "tfidf")
@@ -81,7 +81,7 @@ def test_bad_kind_and_missing_model(tmp_path, tiny_pool_path):
 
 
 def test_pool_scores_is_scores_formula():
-    from clusterft.score import pool_scores as score_pool_scores
+    from clusterft.stages.score import pool_scores as score_pool_scores
 
     f = np.random.default_rng(0).standard_normal((7, 5))
     f = (f / np.linalg.norm(f, axis=1, keepdims=True)).astype(np.float32)
@@ -151,7 +151,7 @@ def test_embedding_is_mean_of_last_hidden_state(tiny, tiny_pool):
 def test_embedding_truncates_and_names_bad_example(tiny, tiny_pool, caplog):
     model, tok = tiny
     long = _rec("long-one", "word " * 200, "answer " * 50)
-    with caplog.at_level(logging.WARNING, logger="clusterft.features"):
+    with caplog.at_level(logging.WARNING, logger="clusterft.stages.features.representations"):
         f = embedding_features(model, tok, [tiny_pool[0], long], {**EMB, "max_length": 32})
     assert f.shape[0] == 2 and "truncated" in caplog.text
     broken = dict(tiny_pool[1], messages=tiny_pool[1]["messages"][:1])
@@ -175,7 +175,7 @@ def test_tfidf_shape_norms_determinism_and_cap(tiny_pool, caplog):
     other = tfidf_features(tiny_pool, {"dim": 16}, seed=1)
     assert other.shape == f.shape
     np.testing.assert_allclose(np.linalg.norm(other, axis=1), 1.0, rtol=1e-6)
-    with caplog.at_level(logging.WARNING, logger="clusterft.features"):
+    with caplog.at_level(logging.WARNING, logger="clusterft.stages.features.representations"):
         capped = tfidf_features(tiny_pool[:10], {"dim": 128}, seed=0)
     assert capped.shape == (10, 10) and "capped to 10" in caplog.text
     assert np.all(np.isfinite(capped))
@@ -232,8 +232,8 @@ def written(tmp_path_factory, tiny_model_dir, tiny_pool_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_run_features_then_cluster(kind, written, tiny_pool, tiny_pool_labels, tiny_model_dir):
-    from clusterft.cluster import run_cluster
-    from clusterft.stats import cluster_agreement
+    from clusterft.stages.cluster import run_cluster
+    from clusterft.analysis.stats import cluster_agreement
 
     d, info = written[kind]
     f = np.load(d / "features.npy")
@@ -262,7 +262,7 @@ def test_run_features_then_cluster(kind, written, tiny_pool, tiny_pool_labels, t
 
 
 def test_cluster_refuses_features_and_scores_of_two_runs(written, tmp_path):
-    from clusterft.cluster import run_cluster
+    from clusterft.stages.cluster import run_cluster
 
     emb, tfidf = written["embedding"][0], written["tfidf"][0]
     with pytest.raises(InputError, match="score runs"):

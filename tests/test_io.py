@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterft.errors import InputError
-from clusterft.io import atomic_path, read_json, read_jsonl, write_jsonl
-from clusterft.prompt import render_example, render_prompt
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.io import atomic_path, read_json, read_jsonl, write_jsonl
+from clusterft.modeling.prompt import render_example, render_prompt
 
 
 def test_atomic_file_is_absent_until_success(tmp_path: Path) -> None:

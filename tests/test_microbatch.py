@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from clusterft.microbatch import CausalLMLoss, backward_step, padded_size, plan_micro_batches
-from clusterft.tokenize import IGNORE_INDEX, Collator
-from clusterft.train import run_train
+from clusterft.modeling.microbatch import CausalLMLoss, backward_step, padded_size, plan_micro_batches
+from clusterft.modeling.tokenize import IGNORE_INDEX, Collator
+from clusterft.stages.train import run_train
 
 from test_train import BASE_CFG, make_selection, weights
 
@@ -155,8 +155,8 @@ def test_training_matches_the_plain_padded_step(tmp_path, tiny_model_dir, tiny_p
 
 
 def test_precision_resolution_and_bf16_training(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
-    from clusterft.errors import InputError
-    from clusterft.precision import native_bf16, resolve_precision
+    from clusterft.pipeline.errors import InputError
+    from clusterft.modeling.precision import native_bf16, resolve_precision
 
     assert resolve_precision("auto", "cpu") == "fp32"  # CPUs: bf16 only where chosen
     assert isinstance(native_bf16("cpu"), bool)

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from clusterft.errors import InputError
-from clusterft.hf import load_tokenizer, resolve_model
-from clusterft.models import (DEFAULTS, build_model, count_params, read_corpus, run_base_model,
+from clusterft.pipeline.errors import InputError
+from clusterft.modeling.hf import load_tokenizer, resolve_model
+from clusterft.stages.models import (DEFAULTS, build_model, count_params, read_corpus, run_base_model,
                               run_tokenizer, train_tokenizer)
 
 from conftest import stdlib_text
@@ -136,7 +136,7 @@ def test_resolve_model(tmp_path, tiny_model_dir):
 
 def test_run_model_from_config_sections(tmp_path, tiny_corpus_path, tiny_model_dir):
     """The config-section forms: tokenizer {source, vocab_size}; models.<name> build | path | hub."""
-    from clusterft.models import run_model
+    from clusterft.stages.models import run_model
 
     info = run_tokenizer(tiny_corpus_path, {"source": "build", "vocab_size": 520}, tmp_path / "tok",
                          seed=0)

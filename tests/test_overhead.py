@@ -1,4 +1,4 @@
-"""clusterft.overhead on run folders laid out as the workflow writes them (Snakemake's
+"""clusterft.analysis.overhead on run folders laid out as the workflow writes them (Snakemake's
 benchmark tsv files, train metrics, features, clusters, a safetensors model): exact ratios,
 the paper-scale projection by its stated laws, and errors naming the file."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft import overhead
-from clusterft.errors import InputError
+from clusterft.analysis import overhead
+from clusterft.pipeline.errors import InputError
 
 HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
 
@@ -183,7 +183,7 @@ def test_projection_follows_the_stated_laws(tmp_path):
 
 
 def test_write_tables_and_report_hook(tmp_path):
-    from clusterft.report import run_report
+    from clusterft.stages.report import run_report
 
     make_run(tmp_path, seeds=(0, 1))
     make_results(tmp_path, seeds=(0, 1))

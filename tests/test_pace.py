@@ -1,4 +1,4 @@
-"""clusterft.pace: the log lines a user reads to learn a rule's speed within its first steps."""
+"""clusterft.pipeline.pace: the log lines a user reads to learn a rule's speed within its first steps."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from clusterft.pace import Pace
+from clusterft.pipeline.pace import Pace
 
 LINE = re.compile(r"pace demo: (step|batch) (\d+)/(\d+), ([\d.e-]+) s/(?:step|batch) "
                   r"\(mean of (?:steps|batches) (\d+)-(\d+)\); (\d+) left, expected finish "

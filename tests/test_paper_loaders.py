@@ -25,9 +25,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from clusterft.config import load_config, tasks_for
-from clusterft.data import run_prepare_data
-from clusterft.pool import load_pool
+from clusterft.plan.config import load_config, tasks_for
+from clusterft.stages.data.prepare import run_prepare_data
+from clusterft.pools.poolfile import load_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "config" / "paper.yaml"
@@ -117,7 +117,7 @@ POOLS = {
 
 def test_every_paper_pool_loads_offline_through_prepare_data(offline):
     """Each dataset section of config/paper.yaml, unchanged, through the prepare_data stage
-    (the loader of every source: clusterft.data.load_hf_pool) from a hub-shaped local copy."""
+    (the loader of every source: clusterft.stages.data.prepare.load_hf_pool) from a hub-shaped local copy."""
     paper = _paper()
     assert {d["hf_dataset"] for d in paper["datasets"].values()} == set(POOLS), \
         "a dataset of config/paper.yaml has no hub-shaped test file here"
@@ -139,7 +139,7 @@ def test_every_paper_pool_loads_offline_through_prepare_data(offline):
 
 def test_paper_pool_without_its_file_fails_offline_naming_it(offline):
     """No local copy and no cache: a clear error naming the dataset, not a download."""
-    from clusterft.errors import InputError
+    from clusterft.pipeline.errors import InputError
 
     name, spec = next(iter(_paper()["datasets"].items()))
     with pytest.raises(InputError, match=re.escape(spec["hf_dataset"]) + r".*offline runs need"):
@@ -261,7 +261,7 @@ def test_paper_multiple_choice_benchmarks_run_end_to_end_offline(offline, tiny_m
     """run_evaluate with the paper's evaluate section on its six multiple-choice tasks
     (hub-shaped local copies, the tiny model): results.json names each task's accuracy and
     the per-item rows cover every test document."""
-    from clusterft.evaluate import run_evaluate
+    from clusterft.stages.evaluate import run_evaluate
 
     monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "0")  # restored after the test
     paper = _paper()

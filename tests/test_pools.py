@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft import provenance
-from clusterft.data import run_prepare_data
-from clusterft.pool import load_pool
-from clusterft.errors import InputError
+from clusterft.pipeline import provenance
+from clusterft.stages.data.prepare import run_prepare_data
+from clusterft.pools.poolfile import load_pool
+from clusterft.pipeline.errors import InputError
 from clusterft.pools import icd10, pycode, skills, stdlib_snapshot, zipf_counts
-from clusterft.prompt import render_prompt
+from clusterft.modeling.prompt import render_prompt
 
 from conftest import PREPARED_SIZES
 
@@ -222,7 +222,7 @@ def test_val_items_leave_test_items_and_pool_unchanged(tmp_path, ds, cfg):
     """The validation items come from a stream of their own and held-out inputs only: the
     pool, its labels and every test item file are the same bytes with val_per_task 0 (no
     validation items) and with validation items."""
-    from clusterft.tasks import tasks_for_dataset, val_file
+    from clusterft.tasks.registry import tasks_for_dataset, val_file
 
     runs = {}
     for name, val in (("none", 0), ("some", 16), ("more", 24)):

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterft import hardware, models, precision
-from clusterft.config import config_warnings, emulated_bf16_fields, load_config
+from clusterft.pipeline import hardware
+from clusterft.stages import models
+from clusterft.modeling import precision
+from clusterft.plan.config import config_warnings, emulated_bf16_fields, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FORCED_AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
@@ -106,12 +108,12 @@ def test_embedded_config_has_no_bf16_and_resolves_every_run_to_fp32(tmp_path, mo
                    env=FORCED_AVX2)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "emulates bfloat16" not in out.stdout + out.stderr
-    cmds = [ln for ln in out.stdout.splitlines() if "clusterft.train" in ln]
+    cmds = [ln for ln in out.stdout.splitlines() if "clusterft.stages.train" in ln]
     # every train job of the sweep: train (time runs) and train_seeds (a run's 3 seeds)
     jobs = dict(re.findall(r"^(train\w*)\s+(\d+)\s*$", out.stdout + out.stderr, re.M))
     assert set(jobs) == {"train", "train_seeds"}
     assert len(cmds) == sum(int(n) for n in jobs.values()) > 50
-    from clusterft.train import DEFAULTS as TRAIN
+    from clusterft.stages.train import DEFAULTS as TRAIN
 
     for c in cmds:
         js = json.loads(c.split("--config ", 1)[1].split(" > ", 1)[0].strip("'"))
@@ -121,9 +123,9 @@ def test_embedded_config_has_no_bf16_and_resolves_every_run_to_fp32(tmp_path, mo
 def test_bf16_on_an_emulating_cpu_warns_at_config_check_and_in_the_dry_run(tmp_path, monkeypatch):
     for k, v in FORCED_AVX2.items():
         monkeypatch.setenv(k, v)
-    import clusterft.config
+    import clusterft.plan.config
 
-    monkeypatch.setattr(clusterft.config, "cuda_visible", lambda: False)  # a GPU node too
+    monkeypatch.setattr(clusterft.plan.config, "cuda_visible", lambda: False)  # a GPU node too
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     cfg["models"]["large"]["pretrain"]["precision"] = "bf16"
     cfg["models"]["large"]["train"] = {"precision": "bf16"}
@@ -137,7 +139,7 @@ def test_bf16_on_an_emulating_cpu_warns_at_config_check_and_in_the_dry_run(tmp_p
     assert any(f"{path}, line {line}: models.large.pretrain.precision: bf16" in m for m in msgs), msgs
     assert any("models.large.train.precision" in m for m in msgs), msgs
     assert not any("models.small" in m for m in msgs)
-    monkeypatch.setattr(clusterft.config, "cuda_visible", lambda: True)  # pretraining: CPU
+    monkeypatch.setattr(clusterft.plan.config, "cuda_visible", lambda: True)  # pretraining: CPU
     assert emulated_bf16_fields(cfg) == ["models.large.pretrain.precision"]
     out = _dry_run(tmp_path, "--configfile", str(path), env=FORCED_AVX2)
     assert out.returncode == 0, out.stderr[-3000:]  # a warning, not an error
@@ -152,7 +154,7 @@ def test_bf16_on_an_emulating_cpu_warns_at_config_check_and_in_the_dry_run(tmp_p
 def _precision_paths(cfg: dict) -> set[tuple]:
     """Per model: what the precision code paths depend on (pretrain precision, train
     precision, padding multiple), after the train section's overrides."""
-    from clusterft.train import DEFAULTS as TRAIN
+    from clusterft.stages.train import DEFAULTS as TRAIN
 
     out = set()
     for m in cfg["models"].values():

@@ -1,4 +1,4 @@
-"""``score.projection: kronecker`` (clusterft.projection): the dimension rule, the factor
+"""``score.projection: kronecker`` (clusterft.stages.score.projection): the dimension rule, the factor
 path against the formed gradients, unbiasedness, the approximation of the exact gradients'
 cosines on the tiny real Llama, no per-example weight gradient formed, determinism,
 run_score (warm-up checkpoints, targets) and agreement of clusters and selections with the
@@ -13,13 +13,13 @@ import pytest
 import torch
 from test_score import FAST, _encode, _fresh
 
-from clusterft.errors import InputError
-from clusterft.lora import add_lora
-from clusterft.projection import KroneckerProjector, kronecker_plan, layer_plan
-from clusterft.score import (compute_features, compute_features_info, grads_hook_kronecker,
+from clusterft.pipeline.errors import InputError
+from clusterft.modeling.lora import add_lora
+from clusterft.stages.score.projection import KroneckerProjector, kronecker_plan, layer_plan
+from clusterft.stages.score import (compute_features, compute_features_info, grads_hook_kronecker,
                              lora_parameters, make_projector, merge_cfg, per_example_grads,
                              run_score, warmup_lora)
-from clusterft.tokenize import collate
+from clusterft.modeling.tokenize import collate
 
 KRON = {**FAST, "projection": "kronecker"}
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def tok(tiny_model_dir):
-    from clusterft.hf import load_tokenizer
+    from clusterft.modeling.hf import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
 
@@ -277,8 +277,8 @@ def test_clusters_and_selections_agree_with_dense(tiny_model_dir, tok, tiny_pool
     Floors: ARI >= 0.6, Jaccard >= 0.2 (above chance)."""
     from sklearn.metrics import adjusted_rand_score
 
-    from clusterft.cluster import cosine_kmeans
-    from clusterft.select import select
+    from clusterft.stages.cluster import cosine_kmeans
+    from clusterft.stages.select import select
 
     cfg = {**FAST, "dim": 256, "batch_size": 16}
     feats = {kind: compute_features(_fresh(tiny_model_dir), tok, tiny_pool,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterft import provenance
-from clusterft.errors import InputError
+from clusterft.pipeline import provenance
+from clusterft.pipeline.errors import InputError
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -202,7 +202,7 @@ def test_evaluate_refuses_items_drawn_for_another_pool(runs, tmp_path) -> None:
 
 
 def test_decontaminate_refuses_items_of_another_prepare_run(runs, tmp_path) -> None:
-    from clusterft.decontaminate import run_decontaminate
+    from clusterft.stages.data.decontaminate import run_decontaminate
 
     a, b = runs
     with pytest.raises(InputError, match="prepare_data runs") as e:

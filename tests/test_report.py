@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft.errors import InputError
-from clusterft.report import (DEFAULTS, accuracy_table, findings_text, imbalance, load_runs,
+from clusterft.pipeline.errors import InputError
+from clusterft.stages.report import (DEFAULTS, accuracy_table, findings_text, imbalance, load_runs,
                               run_report, time_table, to_markdown)
 
 TASKS = ["mc_task", "gen_task"]
@@ -135,7 +135,7 @@ def test_time_ratio_only_against_full_runs_of_the_same_epochs(tmp_path):
     tred = text.split("Training time reduction")[1].splitlines()[0]
     assert "2 GPU balanced, 1 epoch: 12.0 s vs full 30.0 s (ratio 0.40)" in tred
     assert "2 GPU balanced, 3 epochs: 31.5 s vs full 100.5 s" in tred
-    from clusterft.report import time_markdown
+    from clusterft.stages.report import time_markdown
 
     header = time_markdown(tt).splitlines()[0]
     assert "| fraction | epochs |" in header
@@ -271,7 +271,7 @@ def test_precision_shown_and_never_mixed_silently(tmp_path):
     df, tasks = load_runs(runs)
     acc = accuracy_table(df, tasks)
     assert set(acc.loc[acc["method"] != "base", "precision"]) == {"fp32"}
-    assert "| precision |" in __import__("clusterft.report", fromlist=["x"]).accuracy_markdown(
+    assert "| precision |" in __import__("clusterft.stages.report", fromlist=["x"]).accuracy_markdown(
         acc, tasks).splitlines()[0]
     # one seed of cluster 31% trained in bf16: its row says so, the time table splits it
     rec = next(r for r in runs if r["method"] == "cluster" and r["seed"] == 1

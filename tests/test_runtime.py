@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import atexit, gc, sys
 from pathlib import Path
-from clusterft.runtime import freeze_for_exit
+from clusterft.pipeline.runtime import freeze_for_exit
 out = Path(sys.argv[1])
 atexit.register(lambda: out.write_text("atexit ran"))
 cycle = []; cycle.append(cycle)  # garbage the collector would otherwise visit at exit
@@ -35,7 +35,7 @@ def test_freeze_for_exit_keeps_a_normal_exit(tmp_path: Path) -> None:
 
 RANK = """
 import logging, sys, threading, time
-from clusterft.runtime import end_rank
+from clusterft.pipeline.runtime import end_rank
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)
 # a thread that would hold a normal shutdown for a minute (as a library's worker can)
 threading.Thread(target=time.sleep, args=(60,), daemon=False).start()

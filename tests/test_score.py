@@ -9,14 +9,14 @@ import pandas as pd
 import pytest
 import torch
 
-from clusterft.errors import InputError
-from clusterft.lora import DEFAULTS as LORA
-from clusterft.lora import add_lora
-from clusterft.score import (ADAM_BETAS, ADAM_EPS, DEFAULTS, Projector, adam_direction,
+from clusterft.pipeline.errors import InputError
+from clusterft.modeling.lora import DEFAULTS as LORA
+from clusterft.modeling.lora import add_lora
+from clusterft.stages.score import (ADAM_BETAS, ADAM_EPS, DEFAULTS, Projector, adam_direction,
                              compute_features, compute_features_info, l2_normalize,
                              lora_parameters, merge_cfg, per_example_grads, per_example_loss,
                              pool_scores, run_score, warmup_lora)
-from clusterft.tokenize import collate, encode_example
+from clusterft.modeling.tokenize import collate, encode_example
 
 FAST = {"dim": 64, "batch_size": 8, "max_length": 64, "warmup_steps": 4, "warmup_lr": 5e-3,
         "warmup_fraction": 0.25, "lora": {"r": 4, "alpha": 8}}
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def tiny(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from clusterft.hf import load_tokenizer
+    from clusterft.modeling.hf import load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
@@ -91,7 +91,7 @@ def _hf_losses(model, tok, pool, max_length=64):
 def test_defaults_documented():
     import inspect
 
-    import clusterft.score as score
+    import clusterft.stages.score as score
 
     src = inspect.getsource(score)
     for key in DEFAULTS:
@@ -353,7 +353,7 @@ def test_sparse_logits_give_the_full_logits_losses_and_gradients(tiny_model_dir,
     """The label-only LM head (score.sparse_logits) computes the same per-example losses,
     batch loss and per-example gradients as the full logits, and the same features and
     trajectories end to end, up to float rounding."""
-    from clusterft.score import batch_loss, example_losses, use_sparse_logits
+    from clusterft.stages.score import batch_loss, example_losses, use_sparse_logits
 
     _, tok = tiny
     pm = add_lora(_fresh(tiny_model_dir), {**LORA, "r": 4, "alpha": 8, "dropout": 0.0},
@@ -391,7 +391,7 @@ def test_sparse_logits_give_the_full_logits_losses_and_gradients(tiny_model_dir,
 def test_sparse_logits_only_where_the_architecture_allows_and_checked():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from clusterft.score import use_sparse_logits
+    from clusterft.stages.score import use_sparse_logits
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64,
                                       n_positions=32))

@@ -11,13 +11,13 @@ import pytest
 import torch
 from test_score import FAST, _fresh, _hand_features, _hf_losses
 
-from clusterft.errors import InputError
-from clusterft.lora import add_lora
-from clusterft.optim import lr_lambda
-from clusterft.provenance import sidecar_path
-from clusterft.score import (Checkpoints, checkpoint_ends, compute_features_info, loss_steps,
+from clusterft.pipeline.errors import InputError
+from clusterft.modeling.lora import add_lora
+from clusterft.modeling.optim import lr_lambda
+from clusterft.pipeline.provenance import sidecar_path
+from clusterft.stages.score import (Checkpoints, checkpoint_ends, compute_features_info, loss_steps,
                              merge_cfg, pool_scores, run_score, warmup_lora)
-from clusterft.tokenize import encode_example
+from clusterft.modeling.tokenize import encode_example
 
 
 # The tiny models run several times faster on 1 thread than on 2 shared cores.
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def tok(tiny_model_dir):
-    from clusterft.hf import load_tokenizer
+    from clusterft.modeling.hf import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
 
@@ -125,7 +125,7 @@ def test_loss_trajectories(tiny_model_dir, tok, tiny_pool):
 
 def test_loss_trajectories_without_warmup(tiny_model_dir, tok, tiny_pool, caplog):
     pool = list(tiny_pool[:12])
-    with caplog.at_level(logging.WARNING, logger="clusterft.score"):
+    with caplog.at_level(logging.WARNING, logger="clusterft.stages.score"):
         _, _, _, info = _run(tiny_model_dir, tok, pool, {**FAST, "warmup_steps": 0,
                                                           "loss_points": 3})
     traj = info["loss_trajectories"]

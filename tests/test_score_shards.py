@@ -1,4 +1,4 @@
-"""Sharded scoring (score.shards; clusterft.score's section "sharded scoring") on the tiny real Llama: one warm-up,
+"""Sharded scoring (score.shards; clusterft.stages.score's section "sharded scoring") on the tiny real Llama: one warm-up,
 N shards and the merge write the same bytes as one score job; shards cover the pool once;
 shards of another warm-up are refused; the workflow plans one warm-up and N shard jobs."""
 
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
-from clusterft import score as sh
+from clusterft.stages import score as sh
 from clusterft.cli import main as cli_main
-from clusterft.errors import InputError
-from clusterft.io import write_jsonl
-from clusterft.provenance import sidecar_path
-from clusterft.score import Checkpoints, run_score
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.io import write_jsonl
+from clusterft.pipeline.provenance import sidecar_path
+from clusterft.stages.score import Checkpoints, run_score
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -229,7 +229,7 @@ def test_cli_runs_warmup_shards_and_merge(tmp_path, tiny_model_dir, inputs, unsh
     (0, "must be an integer >= 1"), ("2", "must be an integer >= 1"),
     (401, r"larger than the pool of dataset 'skills' \(400 examples\)")])
 def test_config_check_names_score_shards(value, match):
-    from clusterft.config import check_config
+    from clusterft.plan.config import check_config
 
     cfg = yaml.safe_load((ROOT / ".test" / "config.yaml").read_text())
     cfg["score"]["shards"] = value

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterft.errors import InputError
-from clusterft.select import DEFAULTS, cluster_quotas, n_select, run_select, select
+from clusterft.pipeline.errors import InputError
+from clusterft.stages.select import DEFAULTS, cluster_quotas, n_select, run_select, select
 
 sizes_st = st.lists(st.integers(1, 60), min_size=1, max_size=12)
 
@@ -165,7 +165,7 @@ def test_errors():
 
 
 def _files(tmp_path, ids, clusters, scores, sim=True):
-    from clusterft.io import write_parquet
+    from clusterft.pipeline.io import write_parquet
 
     cdf = pd.DataFrame({"id": ids, "cluster": clusters})
     if sim:
@@ -208,7 +208,7 @@ def test_run_select_random_and_mismatch(tmp_path):
     js = run_select(c, s, "random", 0.5, None, out_p, out_j, seed=3)
     assert js["n_selected"] == 40 and js["quota"] is None
     assert sum(x["n_selected"] for x in js["clusters"]) == 40
-    from clusterft.io import write_parquet
+    from clusterft.pipeline.io import write_parquet
 
     write_parquet(s, pd.DataFrame({"id": ids[::-1], "score": scores}))
     with pytest.raises(InputError, match="ids differ"):
@@ -223,7 +223,7 @@ def test_run_select_random_and_mismatch(tmp_path):
 @settings(max_examples=60, deadline=None)
 @given(sizes=sizes_st, frac=st.floats(0.0, 1.0))
 def test_s2l_quotas_smallest_first_and_exact(sizes, frac):
-    from clusterft.select import s2l_quotas
+    from clusterft.stages.select import s2l_quotas
 
     total = int(round(frac * sum(sizes)))
     q = s2l_quotas(sizes, total)
@@ -238,7 +238,7 @@ def test_s2l_quotas_smallest_first_and_exact(sizes, frac):
 
 
 def test_s2l_selection_balances_like_uniform_with_random_picks():
-    from clusterft.select import s2l_quotas
+    from clusterft.stages.select import s2l_quotas
 
     ids, clusters, scores = pool()
     idx = select(ids, clusters, scores, "s2l", 0.31, seed=1)
@@ -251,7 +251,7 @@ def test_s2l_selection_balances_like_uniform_with_random_picks():
 
 
 def _labels_file(tmp_path, ids, labels):
-    from clusterft.io import write_parquet
+    from clusterft.pipeline.io import write_parquet
 
     p = tmp_path / "labels.parquet"
     write_parquet(p, pd.DataFrame({"id": ids, "label": labels}))
@@ -303,8 +303,8 @@ def test_rs2_writes_a_fresh_subset_per_epoch(tmp_path):
 
 
 def test_less_and_rds_read_the_validation_features(tmp_path):
-    from clusterft.io import save_npy, write_parquet
-    from clusterft.targets import less_scores, rds_round_robin, top_k
+    from clusterft.pipeline.io import save_npy, write_parquet
+    from clusterft.tasks.targets import less_scores, rds_round_robin, top_k
 
     ids, clusters, scores = pool()
     rng = np.random.default_rng(4)

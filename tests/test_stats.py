@@ -1,4 +1,4 @@
-"""clusterft.stats: mean +- t CI over seeds, the paired two-level bootstrap of a macro-average
+"""clusterft.analysis.stats: mean +- t CI over seeds, the paired two-level bootstrap of a macro-average
 difference, and the minimum detectable difference; checked against scipy, exact cases and a
 simulation where the truth is known."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from clusterft.stats import mean_ci, minimum_detectable_difference, paired_comparison, power_line
+from clusterft.analysis.stats import mean_ci, minimum_detectable_difference, paired_comparison, power_line
 
 
 # ---------------------------------------------------------------- mean_ci
@@ -229,7 +229,7 @@ def test_power_line_clears_or_not():
 def test_cluster_agreement_matches_scikit_learn_on_a_constructed_case():
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-    from clusterft.stats import cluster_agreement
+    from clusterft.analysis.stats import cluster_agreement
 
     truth = np.array(["a"] * 6 + ["b"] * 4 + ["c"] * 2)
     clusters = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2])

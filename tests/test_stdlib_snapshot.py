@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterft import corpus
-from clusterft.errors import InputError
+from clusterft.stages.data import corpus
+from clusterft.pipeline.errors import InputError
 from clusterft.pools import pycode, stdlib_snapshot as snap
 
 ON_PINNED = platform.python_version() == snap.PYTHON_VERSION
@@ -135,7 +135,7 @@ def test_builders_do_not_read_the_running_stdlib(tmp_path, monkeypatch):
 
 def test_prepare_checks_the_snapshot_first(tmp_path, monkeypatch):
     """A snapshot that does not match the recorded hash stops prepare_data and corpus."""
-    from clusterft.data import run_prepare_data
+    from clusterft.stages.data.prepare import run_prepare_data
 
     monkeypatch.setattr(snap, "ARCHIVE_SHA256", "0" * 64)
     with pytest.raises(InputError, match="differs from the recorded") as ei:
@@ -174,7 +174,7 @@ _DIGEST = """
 import hashlib, json, sys
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from clusterft.pools import pycode
-from clusterft import corpus
+from clusterft.stages.data import corpus
 fs = pycode.functions(pycode.DEFAULTS)
 docs = [corpus.stdlib_docs(corpus.DEFAULTS), corpus.topics_docs(corpus.DEFAULTS["topics_chars"])]
 print(hashlib.sha256(json.dumps([fs, docs], sort_keys=True).encode()).hexdigest())

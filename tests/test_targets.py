@@ -1,4 +1,4 @@
-"""Target-aware selection (clusterft.targets): validation records render to the evaluated
+"""Target-aware selection (clusterft.tasks.targets): validation records render to the evaluated
 prompt, LESS / RDS+ rules on hand-computed cases, and target features from score and
 features (same warm-up / projection / model; the pool's rows unchanged)."""
 
@@ -10,15 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft import provenance
-from clusterft.data import run_prepare_data
-from clusterft.errors import InputError
-from clusterft.io import read_jsonl
-from clusterft.pool import load_pool
-from clusterft.prompt import render_example, render_prompt
-from clusterft.targets import (item_record, less_scores, rds_round_robin, resolve_targets,
+from clusterft.pipeline import provenance
+from clusterft.stages.data.prepare import run_prepare_data
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.io import read_jsonl
+from clusterft.pools.poolfile import load_pool
+from clusterft.modeling.prompt import render_example, render_prompt
+from clusterft.tasks.targets import (item_record, less_scores, rds_round_robin, resolve_targets,
                                top_k, val_records)
-from clusterft.tasks import TASKS, tasks_for_dataset, val_file
+from clusterft.tasks.registry import TASKS, tasks_for_dataset, val_file
 
 FAST = {"dim": 32, "batch_size": 8, "max_length": 64, "warmup_steps": 4, "warmup_lr": 5e-3,
         "warmup_fraction": 0.25, "lora": {"r": 4, "alpha": 8}, "loss_points": 2,
@@ -216,7 +216,7 @@ def prepared_skills(tmp_path_factory):
 
 
 def test_run_score_with_targets(prepared_skills, tiny_model_dir, tmp_path):
-    from clusterft.score import run_score
+    from clusterft.stages.score import run_score
 
     d = prepared_skills["a"]
     tasks = tasks_for_dataset("skills")
@@ -262,7 +262,7 @@ def test_run_score_with_targets(prepared_skills, tiny_model_dir, tmp_path):
 
 def test_score_target_row_of_a_pool_example_is_its_pool_row(tiny_model_dir, tiny_pool_path,
                                                             tiny_pool, tmp_path):
-    from clusterft.score import run_score
+    from clusterft.stages.score import run_score
 
     picks = [3, 17, 40]
     recs = [dict(tiny_pool[i], id=f"copy-{i}") for i in picks]
@@ -276,8 +276,8 @@ def test_score_target_row_of_a_pool_example_is_its_pool_row(tiny_model_dir, tiny
 
 
 def test_targets_of_another_prepare_run_are_refused(prepared_skills, tiny_model_dir, tmp_path):
-    from clusterft.features import run_features
-    from clusterft.score import run_score
+    from clusterft.stages.features.representations import run_features
+    from clusterft.stages.score import run_score
 
     a, b = prepared_skills["a"], prepared_skills["b"]
     tasks = tasks_for_dataset("skills")
@@ -300,7 +300,7 @@ def test_targets_of_another_prepare_run_are_refused(prepared_skills, tiny_model_
 
 
 def test_run_features_embedding_targets(prepared_skills, tiny_model_dir, tmp_path):
-    from clusterft.features import run_features
+    from clusterft.stages.features.representations import run_features
 
     d = prepared_skills["a"]
     tasks = tasks_for_dataset("skills")
@@ -335,7 +335,7 @@ def test_run_features_embedding_targets(prepared_skills, tiny_model_dir, tmp_pat
 
 
 def test_no_validation_examples_write_empty_target_files(tmp_path):
-    from clusterft.targets import check_outputs, write_outputs
+    from clusterft.tasks.targets import check_outputs, write_outputs
 
     check_outputs(None, tmp_path / "t.npy", tmp_path / "t.parquet")  # empty files: allowed
     with pytest.raises(InputError, match="targets needs out_targets"):

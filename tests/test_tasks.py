@@ -7,14 +7,14 @@ from collections import Counter
 
 import pytest
 
-from clusterft.tasks import (DOMAINS, TASKS, TaskSpec, check_item, tasks_for_dataset,
+from clusterft.tasks.registry import (DOMAINS, TASKS, TaskSpec, check_item, tasks_for_dataset,
                                   tasks_for_domain)
-from clusterft.pool import load_pool
-from clusterft.errors import InputError
-from clusterft.io import read_jsonl
+from clusterft.pools.poolfile import load_pool
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.io import read_jsonl
 from clusterft.pools import (OverlapIndex, icd10, item_pair, make_record, overlap_report,
                              record_pair, skills, words)
-from clusterft.prompt import RESPONSE, render_prompt
+from clusterft.modeling.prompt import RESPONSE, render_prompt
 
 from conftest import PREPARED_SIZES
 
@@ -219,10 +219,10 @@ def test_val_items_format_and_disjoint_from_test_items(prepared_root):
     of their own, and none overlaps a test item of ANY task under decontaminate's check
     (exact, 13-gram, near-duplicate), run as decontaminate runs it: with the pool's
     template statistics (the validation items checked as if they were pool examples)."""
-    from clusterft.data import merge_cfg
-    from clusterft.decontaminate import load_items, overlaps
-    from clusterft.targets import item_record
-    from clusterft.tasks import is_val_file, val_file
+    from clusterft.stages.data.prepare import merge_cfg
+    from clusterft.stages.data.decontaminate import load_items, overlaps
+    from clusterft.tasks.targets import item_record
+    from clusterft.tasks.registry import is_val_file, val_file
 
     root, summaries = prepared_root
     bench = root / "bench"

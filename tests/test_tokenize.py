@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clusterft.errors import InputError
-from clusterft.hf import load_tokenizer
-from clusterft.prompt import render_example
-from clusterft.tokenize import IGNORE_INDEX, Collator, encode_example, encode_records
+from clusterft.pipeline.errors import InputError
+from clusterft.modeling.hf import load_tokenizer
+from clusterft.modeling.prompt import render_example
+from clusterft.modeling.tokenize import IGNORE_INDEX, Collator, encode_example, encode_records
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 import torch
 
-from clusterft.errors import InputError
-from clusterft.io import write_parquet
-from clusterft.sections import parse_section_arg
-from clusterft.train import run_train, train_config
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.io import write_parquet
+from clusterft.pipeline.sections import parse_section_arg
+from clusterft.stages.train import run_train, train_config
 
 BASE_CFG = {"batch_size": 4, "epochs": 1, "max_length": 64, "lr": 3e-3, "log_every": 1}
 
@@ -44,7 +44,7 @@ def reload(model_dir: Path):
 
 def torchrun(nproc: int, model: Path, pool: Path, sel: Path, out: Path, met: Path, distribution: str,
              seed: int, cfg: dict, cwd: Path, threads: int | None = None) -> subprocess.CompletedProcess:
-    """`python -m clusterft.train` on `nproc` ranks under torchrun, offline."""
+    """`python -m clusterft.stages.train` on `nproc` ranks under torchrun, offline."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     args = ["--model", str(model), "--pool", str(pool), "--selection", str(sel), "--out", str(out),
             "--metrics", str(met), "--distribution", distribution, "--seed", str(seed),
@@ -52,7 +52,7 @@ def torchrun(nproc: int, model: Path, pool: Path, sel: Path, out: Path, met: Pat
     if threads is not None:
         args += ["--threads", str(threads)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "clusterft.train", *args]
+           "-m", "clusterft.stages.train", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
 
 
@@ -73,8 +73,8 @@ def test_two_rank_torchrun(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path, 
     assert m["tokens"] == sum(map(sum, m["per_rank_tokens_per_step"]))
     # every example seen once per epoch: real tokens >= the selection's tokens x epochs
     # (sampler padding may repeat a few), each rank's padded >= real tokens
-    from clusterft.hf import load_tokenizer
-    from clusterft.tokenize import encode_records
+    from clusterft.modeling.hf import load_tokenizer
+    from clusterft.modeling.tokenize import encode_records
 
     tok = load_tokenizer(tiny_model_dir)
     sel_ids = set(pd.read_parquet(sel)["id"])
@@ -145,7 +145,7 @@ def test_one_rank_under_torchrun_trains_without_a_process_group(tmp_path, tiny_m
 
 
 def test_backend_follows_the_device():
-    from clusterft.distributed import resolve_backend
+    from clusterft.modeling.distributed import resolve_backend
 
     assert resolve_backend("auto", cuda=True) == "nccl"
     assert resolve_backend("auto", cuda=False) == "gloo"
@@ -160,7 +160,7 @@ def test_backend_follows_the_device():
 
 
 def test_global_batch_size_must_divide(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
-    from clusterft.train import rank_batch_size
+    from clusterft.stages.train import rank_batch_size
 
     assert rank_batch_size({"batch_size": 5, "global_batch_size": None}, 4) == 5
     assert rank_batch_size({"batch_size": 5, "global_batch_size": 12}, 4) == 3

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
-from clusterft.errors import InputError
-from clusterft.io import write_parquet
-from clusterft.pool import epoch_subsets, read_selection, select_records
-from clusterft.train import ids_sha1, load_selection, run_train
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.io import write_parquet
+from clusterft.pools.poolfile import epoch_subsets, read_selection, select_records
+from clusterft.stages.train import ids_sha1, load_selection, run_train
 from test_train import BASE_CFG, make_selection, torchrun, weights
 
 
@@ -109,8 +109,8 @@ def test_duplicate_id_within_an_epoch(tmp_path, tiny_pool, tiny_model_dir, tiny_
 def test_each_distinct_record_tokenised_once(tmp_path, tiny_pool, tiny_model_dir, tiny_pool_path):
     """The examples are the union of the subsets, once each; with truncation: reject, the
     subsets lose exactly their rejected records."""
-    from clusterft.hf import load_tokenizer
-    from clusterft.tokenize import encode_records
+    from clusterft.modeling.hf import load_tokenizer
+    from clusterft.modeling.tokenize import encode_records
 
     subs = [list(range(0, 12)), list(range(6, 18)), list(range(12, 24))]
     sel = rs2_selection(tmp_path / "s.parquet", tiny_pool, subs)

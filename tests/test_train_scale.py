@@ -19,10 +19,10 @@ import pytest
 import torch
 import yaml
 
-from clusterft.errors import InputError
-from clusterft.launch import (job_resources, launch_args, launcher_shell, parse_hostlist, rdzv_port,
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.launch import (job_resources, launch_args, launcher_shell, parse_hostlist, rdzv_port,
                               slurm_rendezvous, torchrun_args, train_layout)
-from clusterft.train import run_train, train_config
+from clusterft.stages.train import run_train, train_config
 from test_train import BASE_CFG, make_selection, weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def test_exact_commands_for_one_node_and_two_nodes_of_four():
     assert launcher_shell(1) == "python"
     assert launcher_shell(4) == "torchrun --standalone --nnodes 1 --nproc-per-node 4"
     assert launcher_shell(8, 4, gpu=True) == (
-        'CLUSTERFT_RDZV=$(python -m clusterft.launch endpoint) && srun --nodes=2 --ntasks=2 '
+        'CLUSTERFT_RDZV=$(python -m clusterft.pipeline.launch endpoint) && srun --nodes=2 --ntasks=2 '
         '--ntasks-per-node=1 --cpus-per-task=4 --kill-on-bad-exit=1 --gpus-per-node=4 torchrun '
         '--nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint "$CLUSTERFT_RDZV" '
         '--rdzv-id "$SLURM_JOB_ID"')
@@ -115,7 +115,7 @@ def test_exact_commands_for_one_node_and_two_nodes_of_four():
 
 def launch_cli(*args: str, env: dict) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    return subprocess.run([sys.executable, "-m", "clusterft.launch", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "clusterft.pipeline.launch", *args], capture_output=True,
                           text=True, env={**clean, **env}, timeout=60)
 
 
@@ -160,14 +160,14 @@ def test_dry_run_prints_the_multi_node_command(tmp_path):
     def shell(block: str) -> str:
         return block.split("Shell command:", 1)[1].strip()
 
-    multi = launcher_shell(2, 1) + " -m clusterft.train"
-    assert multi.startswith("CLUSTERFT_RDZV=$(python -m clusterft.launch endpoint) && srun "
+    multi = launcher_shell(2, 1) + " -m clusterft.stages.train"
+    assert multi.startswith("CLUSTERFT_RDZV=$(python -m clusterft.pipeline.launch endpoint) && srun "
                             "--nodes=2 --ntasks=2 --ntasks-per-node=1")
     for b in two:
         assert shell(b).startswith(multi), shell(b)
         assert "nodes=2, tasks=2, mpi=srun" in b  # sbatch --nodes=2 --ntasks=2, own srun
     for b in one:
-        assert shell(b).startswith("python -m clusterft.train"), shell(b)
+        assert shell(b).startswith("python -m clusterft.stages.train"), shell(b)
         assert "nodes=" not in b and "mpi=" not in b
 
 
@@ -181,7 +181,7 @@ def test_config_checks_name_the_field():
     with pytest.raises(InputError, match=r"train\.fsdp"):
         train_config({"fsdp": "yes"})
     assert train_config({"fsdp": True, "gradient_checkpointing": True})["fsdp"] is True
-    from clusterft.config import check_config
+    from clusterft.plan.config import check_config
 
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())  # time gpus [2, 4]
     cfg["train"]["gpus_per_node"] = 3
@@ -215,7 +215,7 @@ def train_argv(launcher: list[str], model, pool, sel, out: Path, cfg: dict, thre
                distribution: str = "balanced") -> list[str]:
     """A launcher's words (torchrun run as this interpreter's module) + the train command."""
     assert launcher[0] == "torchrun"
-    return [sys.executable, "-m", "torch.distributed.run", *launcher[1:], "-m", "clusterft.train",
+    return [sys.executable, "-m", "torch.distributed.run", *launcher[1:], "-m", "clusterft.stages.train",
             "--model", str(model), "--pool", str(pool), "--selection", str(sel), "--out", str(out),
             "--metrics", f"{out}.json", "--distribution", distribution, "--seed", "3",
             "--threads", str(threads), "--config", json.dumps(cfg)]
@@ -288,7 +288,7 @@ def test_fsdp_matches_ddp_on_two_gloo_ranks(one_node, tiny_model_dir, tiny_pool_
     assert max_diff(w, w_ref) <= 1e-5
     assert max_diff(w, weights(tiny_model_dir)) > 1e-3
     # DDP ranks hold every weight; FSDP ranks their shards (dim 0 split in two), together all
-    from clusterft.train import load_model
+    from clusterft.stages.train import load_model
 
     total = sum(p.numel() for p in load_model(str(tiny_model_dir), train_config(CFG)).parameters())
     assert m_ref["trainable_params_per_rank"] == [total, total] and not m_ref["fsdp"]
@@ -304,10 +304,10 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_weights(tmp_path, t
     """Checkpointing is really on (the forward keeps under half the activations for the
     backward pass), and the gradient of a step and the weights after 8 steps equal those
     without (tolerance 1e-6; equal here), full fine-tuning and LoRA with dropout."""
-    from clusterft.hf import load_tokenizer
-    from clusterft.microbatch import CausalLMLoss, backward_step
-    from clusterft.tokenize import Collator, encode_records
-    from clusterft.train import enable_gradient_checkpointing, load_model
+    from clusterft.modeling.hf import load_tokenizer
+    from clusterft.modeling.microbatch import CausalLMLoss, backward_step
+    from clusterft.modeling.tokenize import Collator, encode_records
+    from clusterft.stages.train import enable_gradient_checkpointing, load_model
 
     torch.set_num_threads(1)
     tok = load_tokenizer(tiny_model_dir)

@@ -1,4 +1,4 @@
-"""Several runs (one run's seeds) in one `python -m clusterft.train` process, as the
+"""Several runs (one run's seeds) in one `python -m clusterft.stages.train` process, as the
 workflow's train_seeds jobs run them: each run's outputs equal those of a process of its
 own, and mismatched or missing inputs are refused before any training."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterft.train import main
+from clusterft.stages.train import main
 from test_train import make_selection
 
 CFG = {"batch_size": 4, "epochs": 1, "max_length": 64, "lr": 3e-3, "log_every": 1}
@@ -22,7 +22,7 @@ TIMES = {"wall_time_s", "mean_step_time_s", "total_time_s"}
 def train_cli(cwd: Path, model: Path, pool: Path, sels: list[Path], outs: list[Path],
               mets: list[Path], seeds: list[int]) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "clusterft.train", "--model", str(model), "--pool", str(pool),
+    cmd = [sys.executable, "-m", "clusterft.stages.train", "--model", str(model), "--pool", str(pool),
            "--selection", *map(str, sels), "--out", *map(str, outs),
            "--metrics", *map(str, mets), "--seed", *map(str, seeds),
            "--distribution", "balanced", "--threads", "1", "--config", json.dumps(CFG)]

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft.errors import InputError
-from clusterft.trajectories import loss_trajectory_features, run_loss_features
+from clusterft.pipeline.errors import InputError
+from clusterft.stages.features.trajectories import loss_trajectory_features, run_loss_features
 
 
 def test_rows_are_centred_unit_directions():
@@ -22,7 +22,7 @@ def test_rows_are_centred_unit_directions():
 
 
 def test_learners_and_non_learners_separate_under_cosine_kmeans():
-    from clusterft.cluster import cosine_kmeans
+    from clusterft.stages.cluster import cosine_kmeans
 
     rng = np.random.default_rng(0)
     steps = np.linspace(0, 1, 5)
@@ -42,8 +42,8 @@ def test_refusals_name_the_problem():
 
 
 def test_run_loss_features_writes_score_format_and_cluster_reads_it(tmp_path):
-    from clusterft.cluster import run_cluster
-    from clusterft.io import save_npy, write_parquet
+    from clusterft.stages.cluster import run_cluster
+    from clusterft.pipeline.io import save_npy, write_parquet
 
     rng = np.random.default_rng(1)
     ids = [f"ex-{i}" for i in range(40)]

@@ -48,7 +48,7 @@ ITEMS = [{"id": f"it-{i}", "prompt": f"### Instruction:\nQ{i}\n\n### Response:\n
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_pool(tmp_path, variant):
-    from clusterft.pool import load_pool
+    from clusterft.pools.poolfile import load_pool
 
     files = variants(tmp_path, "pool.jsonl", jsonl(POOL))
     assert load_pool(files[variant]) == load_pool(files["plain"]) == POOL
@@ -58,8 +58,8 @@ def test_pool(tmp_path, variant):
 def test_task_items_and_what_lm_eval_reads(tmp_path, variant):
     import datasets
 
-    from clusterft.evaluate import validate_items, write_task_yamls
-    from clusterft.io import read_jsonl, set_offline_env
+    from clusterft.stages.evaluate import validate_items, write_task_yamls
+    from clusterft.pipeline.io import read_jsonl, set_offline_env
 
     files = variants(tmp_path, "mine_mc.jsonl", jsonl(ITEMS))
     assert read_jsonl(files[variant]) == read_jsonl(files["plain"]) == ITEMS
@@ -78,7 +78,7 @@ def test_task_items_and_what_lm_eval_reads(tmp_path, variant):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_project_config_keeps_values_and_line_numbers(tmp_path, variant):
-    from clusterft.config import load_config, yaml_line
+    from clusterft.plan.config import load_config, yaml_line
 
     files = variants(tmp_path, "config.yaml", SMOKE.read_text(encoding="utf-8"))
     assert load_config(files[variant]) == load_config(files["plain"])
@@ -98,7 +98,7 @@ def test_snakemake_reads_the_config_too(tmp_path, variant):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_stage_config_file(tmp_path, variant):
-    from clusterft.sections import parse_section_arg
+    from clusterft.pipeline.sections import parse_section_arg
 
     files = variants(tmp_path, "train.yaml", "train:\n  epochs: 2\n  lr: 1.0e-3\n")
     assert parse_section_arg(str(files[variant]), "train") == {"epochs": 2, "lr": 1.0e-3}
@@ -106,8 +106,8 @@ def test_stage_config_file(tmp_path, variant):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_run_tables(tmp_path, variant):
-    from clusterft.io import read_json
-    from clusterft.report import read_run_table
+    from clusterft.pipeline.io import read_json
+    from clusterft.stages.report import read_run_table
 
     runs = [{"dataset": "d", "model": "m", "method": "full", "budget": 1.0, "seed": 0}]
     js = variants(tmp_path, "runs.json", json.dumps(runs, indent=1) + "\n")
@@ -118,8 +118,8 @@ def test_run_tables(tmp_path, variant):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_corpus_and_excluded_texts(tmp_path, variant):
-    from clusterft.corpus import exclude_texts
-    from clusterft.models import read_corpus
+    from clusterft.stages.data.corpus import exclude_texts
+    from clusterft.stages.models import read_corpus
 
     files = variants(tmp_path, "corpus.txt", "first doc\nline two\n\n\n\nsecond doc\n")
     assert read_corpus(files[variant]) == read_corpus(files["plain"]) == ["first doc\nline two",

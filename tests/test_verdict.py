@@ -1,4 +1,4 @@
-"""clusterft.verdict: skill recovery and label coverage from files, paired comparisons on
+"""clusterft.analysis.verdict: skill recovery and label coverage from files, paired comparisons on
 per-item results, the power line and the verdict rules, on constructed cases."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft import verdict
-from clusterft.io import write_parquet
-from clusterft.stats import cluster_agreement
+from clusterft.analysis import verdict
+from clusterft.pipeline.io import write_parquet
+from clusterft.analysis.stats import cluster_agreement
 
 TASKS = ("t1", "t2", "t3")
 

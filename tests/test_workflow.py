@@ -75,7 +75,7 @@ def test_outputs_exist_and_are_real(smoke_run: Path) -> None:
         assert metrics["backend"] == (None if run.startswith("g1") else "gloo")
     # every pool x every benchmark task of every dataset, nothing overlapping left
     cont = pd.read_csv(tables / "contamination.csv")
-    from clusterft.tasks import TASKS
+    from clusterft.tasks.registry import TASKS
 
     tasks = {t for t, spec in TASKS.items() if spec.dataset in ("skills", "icd10")}
     assert set(zip(cont["dataset"], cont["task"])) == {(d, t) for d in ("skills", "icd10") for t in tasks}
@@ -90,7 +90,7 @@ def test_outputs_exist_and_are_real(smoke_run: Path) -> None:
 def test_every_method_feature_kind_and_verdict_table(smoke_run: Path) -> None:
     """The smoke config walks every method and feature kind of the embedded default, and
     the report turns them into the skill-recovery, label, comparison and claims tables."""
-    from clusterft.names import FEATURE_KINDS, METHODS, REFERENCES
+    from clusterft.pipeline.names import FEATURE_KINDS, METHODS, REFERENCES
 
     tables = smoke_run / "results" / "tables"
     acc = pd.read_csv(tables / "accuracy_vs_data.csv")
@@ -337,7 +337,7 @@ def test_sigkill_mid_epoch_then_rerun_resumes_to_the_same_model(smoke_run: Path,
 
     ckpt = work / (RUN + "/model.ckpt") / "state.pt"
     survivors = snakemake_killed_when(work, cfg, TARGET, ckpt.exists, tmp_path / "killed.log",
-                                      "clusterft.train")
+                                      "clusterft.stages.train")
     assert not survivors, "training ranks outlived the killed workflow"
     assert not (work / TARGET).exists()  # killed mid-epoch: no output looks complete
     step = torch.load(ckpt, weights_only=False)["step"]
@@ -458,8 +458,8 @@ def test_workflow_stops_on_remaining_overlap_and_drop_cleans_it(tmp_path: Path) 
     """A user's pool with a planted skills benchmark item: with decontaminate: flag the
     workflow stops before scoring, naming the pool, the task and the count; with drop the
     item is gone from pool.jsonl and counted in contamination.csv."""
-    from clusterft.data import run_prepare_data
-    from clusterft.io import write_jsonl
+    from clusterft.stages.data.prepare import run_prepare_data
+    from clusterft.pipeline.io import write_jsonl
 
     smoke = yaml.safe_load(SMOKE.read_text())
     skills = {"items_per_task": smoke["tasks"]["items_per_task"], **smoke["datasets"]["skills"]}
@@ -540,9 +540,9 @@ def test_a_second_run_on_the_same_folder_is_refused_and_the_first_finishes(tmp_p
 
 
 def test_selection_overhead_table_matches_the_benchmark_files(smoke_run: Path) -> None:
-    """The report's selection-overhead table is the one clusterft.overhead computes from the
+    """The report's selection-overhead table is the one clusterft.analysis.overhead computes from the
     run's own Snakemake benchmark files."""
-    from clusterft.overhead import overhead_table, read_benchmarks
+    from clusterft.analysis.overhead import overhead_table, read_benchmarks
 
     t = overhead_table(read_benchmarks(smoke_run / "benchmarks" / "out"))
     csv = pd.read_csv(smoke_run / "results/tables/selection_overhead.csv")
@@ -557,7 +557,7 @@ def test_balance_cost_table_pairs_the_smoke_time_runs(smoke_run: Path) -> None:
     wall times and its plan work their per-step padded tokens."""
     import json
 
-    from clusterft.balancecost import plan_work
+    from clusterft.analysis.balancecost import plan_work
 
     bt = pd.read_csv(smoke_run / "results/tables/balance_cost.csv")
     runs = sorted((smoke_run / "results/train").glob("*/*/*/g[2-9]*-random/s*/train_metrics.json"))

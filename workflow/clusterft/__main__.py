@@ -1,6 +1,6 @@
 """`python -m clusterft <stage> ...`"""
 import sys
 
-from .cli import main
+from clusterft.cli import main
 
 sys.exit(main())

@@ -4,7 +4,7 @@
 
 Stages take plain file paths and an optional config file (`--config`, YAML or JSON, the
 same section keys as config/config.yaml's section of that stage). Training runs on several
-processes with torchrun: `torchrun --nproc-per-node N -m clusterft.train ...`.
+processes with torchrun: `torchrun --nproc-per-node N -m clusterft.stages.train ...`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .names import METHODS
-from .tokenize import POLICIES
-from .errors import InputError
-from .runtime import freeze_for_exit
+from clusterft.pipeline.names import METHODS
+from clusterft.modeling.tokenize import POLICIES
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.runtime import freeze_for_exit
 
 
 def _section(path: str | None) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def _section(path: str | None) -> dict[str, Any]:
 
 
 def _prepare_data(a: argparse.Namespace) -> Any:
-    from .data import run_prepare_data
+    from clusterft.stages.data.prepare import run_prepare_data
 
     cfg = {"source": a.source or a.dataset, **_section(a.config)}
     if a.n:
@@ -47,20 +47,20 @@ def _prepare_data(a: argparse.Namespace) -> Any:
 
 
 def _corpus(a: argparse.Namespace) -> Any:
-    from .corpus import run_corpus
+    from clusterft.stages.data.corpus import run_corpus
 
     return run_corpus(_section(a.config), a.out, exclude_texts_paths=a.exclude, seed=a.seed)
 
 
 def _tokenizer(a: argparse.Namespace) -> Any:
-    from .models import run_tokenizer
+    from clusterft.stages.models import run_tokenizer
 
     cfg = {**_section(a.config), **({"vocab_size": a.vocab_size} if a.vocab_size else {})}
     return run_tokenizer(a.corpus, cfg, a.out, seed=a.seed, allow_downloads=a.allow_downloads)
 
 
 def _base_model(a: argparse.Namespace) -> Any:
-    from .models import run_model
+    from clusterft.stages.models import run_model
 
     cfg = {"size": a.size, **_section(a.config)}
     return run_model(a.tokenizer, a.corpus, cfg, a.out, seed=a.seed, name=a.size,
@@ -68,7 +68,7 @@ def _base_model(a: argparse.Namespace) -> Any:
 
 
 def _score(a: argparse.Namespace) -> Any:
-    from .score import run_score
+    from clusterft.stages.score import run_score
 
     cfg = {**_section(a.config), **({"dim": a.dim} if a.dim else {})}
     policy = {k: v for k, v in (("max_length", a.train_max_length), ("truncation", a.truncation))
@@ -87,7 +87,7 @@ def _score_cfg(a: argparse.Namespace) -> dict:
 
 
 def _score_warmup(a: argparse.Namespace) -> Any:
-    from .score import run_score_warmup
+    from clusterft.stages.score import run_score_warmup
 
     policy = {k: v for k, v in (("max_length", a.train_max_length), ("truncation", a.truncation))
               if v is not None}
@@ -96,7 +96,7 @@ def _score_warmup(a: argparse.Namespace) -> Any:
 
 
 def _score_shard(a: argparse.Namespace) -> Any:
-    from .score import run_score_shard
+    from clusterft.stages.score import run_score_shard
 
     targets = (a.items, a.tasks) if a.tasks else None
     return run_score_shard(a.model, a.pool, a.warmup, _score_cfg(a), a.shard, a.out,
@@ -104,7 +104,7 @@ def _score_shard(a: argparse.Namespace) -> Any:
 
 
 def _score_merge(a: argparse.Namespace) -> Any:
-    from .score import run_score_merge
+    from clusterft.stages.score import run_score_merge
 
     cfg = {**_score_cfg(a), "shards": len(a.shards)}
     targets = (a.items, a.tasks) if a.tasks else None
@@ -115,7 +115,7 @@ def _score_merge(a: argparse.Namespace) -> Any:
 
 
 def _features(a: argparse.Namespace) -> Any:
-    from .features import run_features
+    from clusterft.stages.features.representations import run_features
 
     targets = (a.items, a.tasks) if a.tasks else None
     return run_features(a.kind, a.pool, a.out_features, a.out_scores, _section(a.config),
@@ -124,20 +124,20 @@ def _features(a: argparse.Namespace) -> Any:
 
 
 def _loss_features(a: argparse.Namespace) -> Any:
-    from .trajectories import run_loss_features
+    from clusterft.stages.features.trajectories import run_loss_features
 
     return run_loss_features(a.trajectories, a.scores, a.out_features, a.out_scores)
 
 
 def _cluster(a: argparse.Namespace) -> Any:
-    from .cluster import run_cluster
+    from clusterft.stages.cluster import run_cluster
 
     cfg = {**_section(a.config), **({"k": a.k} if a.k else {})}
     return run_cluster(a.features, a.scores, cfg, a.out_clusters, a.out_centroids, seed=a.seed)
 
 
 def _select(a: argparse.Namespace) -> Any:
-    from .select import run_select
+    from clusterft.stages.select import run_select
 
     return run_select(a.clusters, a.scores, a.method, a.budget, _section(a.config),
                       a.out_selection, a.out_summary, seed=a.seed, labels=a.labels,
@@ -146,13 +146,13 @@ def _select(a: argparse.Namespace) -> Any:
 
 
 def _train(a: argparse.Namespace) -> Any:
-    from .train import main
+    from clusterft.stages.train import main
 
     return main(a.rest)
 
 
 def _evaluate(a: argparse.Namespace) -> Any:
-    from .evaluate import run_evaluate
+    from clusterft.stages.evaluate import run_evaluate
 
     out = Path(a.out)
     return run_evaluate(a.model, a.tasks, a.items, _section(a.config), out,
@@ -161,8 +161,8 @@ def _evaluate(a: argparse.Namespace) -> Any:
 
 
 def _report(a: argparse.Namespace) -> Any:
-    from .tasks import TASKS
-    from .report import run_report
+    from clusterft.tasks.registry import TASKS
+    from clusterft.stages.report import run_report
 
     return run_report(a.runs, a.tables, a.plots, task_specs=TASKS, cfg=_section(a.config))
 
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = stage("base-model", _base_model, "build and pretrain a small Llama (or resolve hub/path)")
     s.add_argument("--tokenizer", required=True)
     s.add_argument("--corpus", required=True)
-    s.add_argument("--size", default="small", help="small|large (sizes in clusterft.models.DEFAULTS)")
+    s.add_argument("--size", default="small", help="small|large (sizes in clusterft.stages.models.DEFAULTS)")
     s.add_argument("--out", required=True)
     s.add_argument("--allow-downloads", action="store_true")
 
@@ -300,12 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out-selection", required=True)
     s.add_argument("--out-summary", required=True)
 
-    s = stage("train", _train, "fine-tune (one process; use torchrun -m clusterft.train for DDP); "
-              "arguments as `python -m clusterft.train --help`")
+    s = stage("train", _train, "fine-tune (one process; use torchrun -m clusterft.stages.train for DDP); "
+              "arguments as `python -m clusterft.stages.train --help`")
     s.add_argument("rest", nargs=argparse.REMAINDER)
 
     s = stage("cost", lambda a: None, "GPU-hours per rule and in total of a whole config's jobs "
-              "(--config: a complete workflow config); as `python -m clusterft.cost --help`")
+              "(--config: a complete workflow config); as `python -m clusterft.tools.cost --help`")
     s.add_argument("rest", nargs=argparse.REMAINDER)
 
     s = stage("evaluate", _evaluate, "lm-eval on repo-defined (or built-in) tasks")
@@ -329,11 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["train"] and not {"-h", "--help"} & set(argv[1:2]):
         # train's own parser takes every argument (argparse's REMAINDER does not start at
         # an option such as --model)
-        from .train import main as train_main
+        from clusterft.stages.train import main as train_main
 
         return train_main(argv[1:])
     if argv[:1] == ["cost"]:
-        from .cost import main as cost_main  # its --config is a whole config, not a section
+        from clusterft.tools.cost import main as cost_main  # its --config is a whole config, not a section
 
         return cost_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -545,7 +545,7 @@ def make_sampler(distribution: str, clusters: np.ndarray, lengths: np.ndarray, w
                  rank: int, batch_size: int, seed: int, drop_last: bool):
     """The per-rank sampler of a ``distribution``: ``random`` is torch's
     ``DistributedSampler(shuffle=True)``, ``balanced`` is :class:`ClusterBalancedSampler`."""
-    from .names import BALANCED, RANDOM_SPLIT
+    from clusterft.pipeline.names import BALANCED, RANDOM_SPLIT
 
     if distribution == RANDOM_SPLIT:
         from torch.utils.data.distributed import DistributedSampler

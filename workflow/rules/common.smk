@@ -24,7 +24,7 @@ os.environ.update(
 if PKG_DIR not in sys.path:
     sys.path.insert(0, PKG_DIR)
 
-from clusterft.names import (
+from clusterft.pipeline.names import (
     BASE,
     DISTRIBUTIONS,
     FEATURE_KINDS,
@@ -36,8 +36,8 @@ from clusterft.names import (
     TARGET_AWARE,
     features_of,
 )
-from clusterft.evaluate import merge_cfg as eval_merge_cfg, shard_tasks
-from clusterft.config import (
+from clusterft.stages.evaluate import merge_cfg as eval_merge_cfg, shard_tasks
+from clusterft.plan.config import (
     budget_label,
     check_config,
     config_warnings,
@@ -353,7 +353,7 @@ def base_model_cfg(wildcards):
 
 def model_train_section(model):
     """The train section with the model's own `train` overrides merged over it."""
-    from clusterft.sections import merged
+    from clusterft.pipeline.sections import merged
 
     own = config["models"][model].get("train", {})
     return merged(config.get("train", {}), own)
@@ -412,9 +412,9 @@ def train_launcher(wildcards):
     nothing else: one rank trains without a process group; benchmarks/bench_job_overhead.py).
     More ranks on one node: torchrun --standalone. More ranks than the model's
     train.gpus_per_node: srun + one torchrun agent per node, c10d rendezvous
-    (clusterft.launch.launcher_shell).
+    (clusterft.pipeline.launch.launcher_shell).
     """
-    from clusterft.launch import launcher_shell
+    from clusterft.pipeline.launch import launcher_shell
 
     per_node = model_train_section(wildcards.model).get("gpus_per_node", 0)
     return launcher_shell(int(wildcards.gpus), per_node, gpu=USE_GPU)
@@ -422,8 +422,8 @@ def train_launcher(wildcards):
 
 def train_job(wildcards):
     """The train job's ranks per node and SLURM resources over nodes, from its GPU count
-    and the model's train.gpus_per_node (clusterft.launch.job_resources)."""
-    from clusterft.launch import job_resources
+    and the model's train.gpus_per_node (clusterft.pipeline.launch.job_resources)."""
+    from clusterft.pipeline.launch import job_resources
 
     per_node = model_train_section(wildcards.model).get("gpus_per_node", 0)
     return job_resources(int(wildcards.gpus), per_node, gpu=USE_GPU)
@@ -503,14 +503,14 @@ def select_epochs(wildcards):
     """RS2's per-epoch subsets: as many as the model's longest training run has epochs."""
     if wildcards.method != RS2:
         return 1
-    from clusterft.train import DEFAULTS as TRAIN_DEFAULTS
+    from clusterft.stages.train import DEFAULTS as TRAIN_DEFAULTS
 
     cfg = {**TRAIN_DEFAULTS, **model_train_section(wildcards.model)}
     return int(cfg["epochs"])
 
 
 # score.shards > 1: one score_warmup job, score.shards score_shard jobs, score merges
-# (workflow/rules/score.smk; clusterft.score, "sharded scoring").
+# (workflow/rules/score.smk; clusterft.stages.score, "sharded scoring").
 SCORE_SHARDS = int(config.get("score", {}).get("shards", 1))
 SCORE_WARMUP = "results/score/{dataset}/{model}/s{seed}/warmup.safetensors"
 SCORE_SHARD = "results/score/{dataset}/{model}/s{seed}/shards/shard{shard}.npz"

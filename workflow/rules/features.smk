@@ -1,7 +1,7 @@
 # The other feature kinds the same cluster and select code runs on: the base model's
 # embeddings (with the benchmark tasks' validation examples', RDS+'s targets) and TF-IDF of
-# the text (clusterft.features), and the score warm-up's loss trajectories
-# (clusterft.trajectories, S2L's signal).
+# the text (clusterft.stages.features.representations), and the score warm-up's loss trajectories
+# (clusterft.stages.features.trajectories, S2L's signal).
 
 
 rule embedding_features:

@@ -1,8 +1,8 @@
 # Tables, plots and findings from the result files (no model is loaded here).
-from clusterft.names import CLUSTER
-from clusterft.report import DEFAULTS as REPORT_DEFAULTS
+from clusterft.pipeline.names import CLUSTER
+from clusterft.stages.report import DEFAULTS as REPORT_DEFAULTS
 
-# The `benchmark:` files selection_overhead reads (clusterft.overhead): the method's score,
+# The `benchmark:` files selection_overhead reads (clusterft.analysis.overhead): the method's score,
 # cluster, select and train jobs at the claim budget and the full-data train jobs beside
 # them; inputs of the report so that Snakemake finishes those jobs first.
 OVERHEAD_BUDGET = budget_label(

@@ -1,9 +1,9 @@
 # Data-parallel fine-tuning with torch.distributed, launched by torchrun:
 # one process per GPU (gloo CPU ranks in the embedded default). A one-GPU run is a plain
-# `python -m clusterft.train` process (no launcher, no process group: same model).
+# `python -m clusterft.stages.train` process (no launcher, no process group: same model).
 # With train.gpus_per_node below the job's GPU count, the job spans gpus / gpus_per_node
 # SLURM nodes: srun starts one torchrun agent per node, meeting at a c10d rendezvous on the
-# allocation's first node (clusterft.launch; `snakemake -n -p` prints the command). threads,
+# allocation's first node (clusterft.pipeline.launch; `snakemake -n -p` prints the command). threads,
 # mem_mb and the GPU request are then per node.
 # With train.checkpoint_every, checkpoints go to <model>.ckpt/ beside the declared outputs:
 # after a killed run, `snakemake --rerun-incomplete` deletes the incomplete outputs and the
@@ -42,7 +42,7 @@ rule train:
         launcher=train_launcher,
         cfg=train_cfg,
     shell:
-        "{params.launcher} -m clusterft.train"
+        "{params.launcher} -m clusterft.stages.train"
         " --model {input.model} --pool {input.pool} --selection {input.selection}"
         " --out {output.model} --metrics {output.metrics}"
         " --distribution {wildcards.dist} --seed {wildcards.seed} --threads {threads}"
@@ -52,7 +52,7 @@ rule train:
 if FUSE_SEEDS:
 
     # sweep.accuracy.fuse_seeds: the seeds of a one-GPU run, one after the other in one
-    # `python -m clusterft.train` process (its imports paid once), each trained exactly as
+    # `python -m clusterft.stages.train` process (its imports paid once), each trained exactly as
     # the train rule would (tests/test_train_seeds.py compares the weights byte for byte).
     # `--forcerun train_seeds` retrains them; a killed job retrains all its seeds.
     rule train_seeds:
@@ -81,7 +81,7 @@ if FUSE_SEEDS:
             cfg=train_seeds_cfg,
             seeds=SEEDS,
         shell:
-            "{params.launcher} -m clusterft.train"
+            "{params.launcher} -m clusterft.stages.train"
             " --model {input.model} --pool {input.pool} --selection {input.selection}"
             " --out {output.model} --metrics {output.metrics}"
             " --distribution {wildcards.dist} --seed {params.seeds} --threads {threads}"

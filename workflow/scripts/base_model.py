@@ -1,6 +1,6 @@
 """Snakemake wrapper: build + pretrain a base model (or resolve a hub id / local path)."""
-from clusterft.models import run_model
-from clusterft.smk import logged
+from clusterft.stages.models import run_model
+from clusterft.pipeline.smk import logged
 
 with logged(snakemake.log[0]):
     run_model(

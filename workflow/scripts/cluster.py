@@ -1,6 +1,6 @@
 """Snakemake wrapper: cosine k-means of one feature kind."""
-from clusterft.cluster import run_cluster
-from clusterft.smk import logged
+from clusterft.stages.cluster import run_cluster
+from clusterft.pipeline.smk import logged
 
 with logged(snakemake.log[0]):
     run_cluster(

@@ -1,8 +1,8 @@
 """Snakemake wrapper: the general corpus, disjoint from every pool and benchmark."""
 from pathlib import Path
 
-from clusterft.corpus import run_corpus
-from clusterft.smk import logged
+from clusterft.stages.data.corpus import run_corpus
+from clusterft.pipeline.smk import logged
 
 with logged(snakemake.log[0]):
     bench_files = sorted(str(p) for d in snakemake.input.task_items for p in Path(d).glob("*.jsonl"))

@@ -1,9 +1,9 @@
 """Snakemake wrapper: check one pool against every benchmark task; drop or flag overlaps."""
 import sys
 
-from clusterft.decontaminate import run_decontaminate
-from clusterft.errors import InputError
-from clusterft.smk import logged
+from clusterft.stages.data.decontaminate import run_decontaminate
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.smk import logged
 
 try:
     with logged(snakemake.log[0]):

@@ -1,6 +1,6 @@
 """Snakemake wrapper: lm-eval on the run's benchmark tasks."""
-from clusterft.evaluate import run_evaluate
-from clusterft.smk import logged
+from clusterft.stages.evaluate import run_evaluate
+from clusterft.pipeline.smk import logged
 
 with logged(snakemake.log[0]):
     run_evaluate(

@@ -1,7 +1,7 @@
 """Snakemake wrapper: merge a run's evaluation shards (evaluate.shards > 1) into the
 outputs one evaluate job writes."""
-from clusterft.evaluate import merge_shards
-from clusterft.smk import logged
+from clusterft.stages.evaluate import merge_shards
+from clusterft.pipeline.smk import logged
 
 with logged(snakemake.log[0]):
     merge_shards(

@@ -1,6 +1,6 @@
 """Snakemake wrapper: lm-eval on the run's benchmark tasks, for each seed's model in turn."""
-from clusterft.evaluate import run_evaluate_many
-from clusterft.smk import logged
+from clusterft.stages.evaluate import run_evaluate_many
+from clusterft.pipeline.smk import logged
 
 with logged(snakemake.log[0]):
     run_evaluate_many(

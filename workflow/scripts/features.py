@@ -1,8 +1,8 @@
 """Snakemake wrapper: embedding (with the validation examples', where the tasks have them)
 or TF-IDF features in score's format."""
-from clusterft.features import run_features
-from clusterft.smk import logged
-from clusterft.targets import available
+from clusterft.stages.features.representations import run_features
+from clusterft.pipeline.smk import logged
+from clusterft.tasks.targets import available
 
 with logged(snakemake.log[0]):
     out = snakemake.output

@@ -1,6 +1,6 @@
 """Snakemake wrapper: loss-trajectory features (S2L) from a score run."""
-from clusterft.smk import logged
-from clusterft.trajectories import run_loss_features
+from clusterft.pipeline.smk import logged
+from clusterft.stages.features.trajectories import run_loss_features
 
 with logged(snakemake.log[0]):
     run_loss_features(

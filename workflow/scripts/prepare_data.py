@@ -1,6 +1,6 @@
 """Snakemake wrapper: build one dataset's pool, labels and benchmark items."""
-from clusterft.data import run_prepare_data
-from clusterft.smk import logged
+from clusterft.stages.data.prepare import run_prepare_data
+from clusterft.pipeline.smk import logged
 
 with logged(snakemake.log[0]):
     run_prepare_data(

@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from clusterft.tasks import TASKS
-from clusterft.io import atomic_path
-from clusterft.report import run_report
-from clusterft.smk import logged
+from clusterft.tasks.registry import TASKS
+from clusterft.pipeline.io import atomic_path
+from clusterft.stages.report import run_report
+from clusterft.pipeline.smk import logged
 
 with logged(snakemake.log[0]):
     runs = list(snakemake.params.runs)

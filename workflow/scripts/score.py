@@ -1,9 +1,9 @@
 """Snakemake wrapper: per-example gradient features, scores, loss trajectories and the
 validation examples' features (LESS's targets; empty where the tasks have none). With
 score.shards > 1 the warm-up and shards are inputs, and this merges them."""
-from clusterft.score import run_score, run_score_merge
-from clusterft.smk import logged
-from clusterft.targets import available
+from clusterft.stages.score import run_score, run_score_merge
+from clusterft.pipeline.smk import logged
+from clusterft.tasks.targets import available
 
 with logged(snakemake.log[0]):
     items, tasks = list(snakemake.input.task_items), list(snakemake.params.tasks)

@@ -1,7 +1,7 @@
 """Snakemake wrapper: one shard of the score gradient pass (shard 0 also the targets)."""
-from clusterft.score import run_score_shard
-from clusterft.smk import logged
-from clusterft.targets import available
+from clusterft.stages.score import run_score_shard
+from clusterft.pipeline.smk import logged
+from clusterft.tasks.targets import available
 
 with logged(snakemake.log[0]):
     items, tasks = list(snakemake.input.task_items), list(snakemake.params.tasks)

@@ -1,6 +1,6 @@
 """Snakemake wrapper: the score warm-up, once for every shard (score.shards > 1)."""
-from clusterft.score import run_score_warmup
-from clusterft.smk import logged
+from clusterft.stages.score import run_score_warmup
+from clusterft.pipeline.smk import logged
 
 with logged(snakemake.log[0]):
     run_score_warmup(

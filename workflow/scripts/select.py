@@ -1,6 +1,6 @@
-"""Snakemake wrapper: budgeted selection (see clusterft.select for the methods)."""
-from clusterft.select import run_select
-from clusterft.smk import logged
+"""Snakemake wrapper: budgeted selection (see clusterft.stages.select for the methods)."""
+from clusterft.stages.select import run_select
+from clusterft.pipeline.smk import logged
 
 with logged(snakemake.log[0]):
     run_select(

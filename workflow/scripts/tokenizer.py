@@ -1,6 +1,6 @@
 """Snakemake wrapper: train the byte-level BPE tokenizer (or fetch a hub one)."""
-from clusterft.models import run_tokenizer
-from clusterft.smk import logged
+from clusterft.stages.models import run_tokenizer
+from clusterft.pipeline.smk import logged
 
 with logged(snakemake.log[0]):
     run_tokenizer(

@@ -6,11 +6,11 @@ avoid the held-out inputs by construction, then drops every candidate that the g
 check below finds too close to a benchmark item, and finally picks the pool.
 
 Validation items (`val_per_task` per task, `Built.val_items`; for the target-aware
-baselines LESS and RDS+, `clusterft.targets`): drawn by the same task generators from a
+baselines LESS and RDS+, `clusterft.tasks.targets`): drawn by the same task generators from a
 SEPARATE seeded random stream and from the held-out side only (inputs the test items did
 not use, never pool inputs), so the test items and the pool are the same with or without
 them. `drop_overlapping` then drops every validation item that the check below finds too
-close to a test item (`clusterft.data` writes the rest to `<task>.val.jsonl`).
+close to a test item (`clusterft.stages.data.prepare` writes the rest to `<task>.val.jsonl`).
 
 Overlap check (`OverlapIndex`), on (prompt, response) pairs of normalised text (lowercase
 words of letters and digits):
@@ -42,8 +42,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import InputError
-from ..prompt import render_example
+from clusterft.pipeline.errors import InputError
+from clusterft.modeling.prompt import render_example
 
 POOL_NAMES = ("skills", "pycode", "icd10")
 
@@ -296,7 +296,7 @@ def drop_overlapping(val_items: Mapping[str, Sequence[dict]], items: Mapping[str
     items are checked together with `context` (the dataset's pool records), exactly as if
     they were pool examples: 16 items alone would make every shared template word
     "content". Repeated until nothing is flagged (the statistics move as items go), as
-    `clusterft.decontaminate` does. Returns (task -> kept items in order, task -> reason
+    `clusterft.stages.data.decontaminate` does. Returns (task -> kept items in order, task -> reason
     -> count dropped).
     """
     bench = [item_pair(it) for its in items.values() for it in its]

@@ -29,9 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
-from ..prompt import render_prompt
-from . import VAL_STREAM, Built, built_pool, make_record, select_pool, val_count, val_id
+from clusterft.pipeline.errors import InputError
+from clusterft.modeling.prompt import render_prompt
+from clusterft.pools import VAL_STREAM
+from clusterft.pools import Built
+from clusterft.pools import built_pool
+from clusterft.pools import make_record
+from clusterft.pools import select_pool
+from clusterft.pools import val_count
+from clusterft.pools import val_id
 
 DEFAULTS: dict = {
     # Pool size (examples); ICD-10 has ~12k codes x 6 instruction types to draw from.

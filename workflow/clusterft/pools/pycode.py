@@ -6,7 +6,7 @@ are short (character caps) so that an example fits a 128-192 token context of a 
 byte-level BPE. Labels = top-level module name (``email``, ``asyncio``, ...).
 
 The stdlib files are split once, by a hash of their relative path, into a pycode part and
-a corpus part (`stdlib_split`); `clusterft.corpus` only reads the corpus part, so the base
+a corpus part (`stdlib_split`); `clusterft.stages.data.corpus` only reads the corpus part, so the base
 model never sees pool or benchmark functions. Test suites, idlelib, site-packages and the
 like are skipped. Files and functions are visited in sorted, deterministic order. The files
 come from the stdlib snapshot shipped in the package (`stdlib_snapshot`: CPython 3.11.7's
@@ -38,10 +38,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
-from ..prompt import render_prompt
-from . import (VAL_STREAM, Built, built_pool, make_record, select_pool, stdlib_snapshot,
-               val_count, val_id, words)
+from clusterft.pipeline.errors import InputError
+from clusterft.modeling.prompt import render_prompt
+from clusterft.pools import VAL_STREAM
+from clusterft.pools import Built
+from clusterft.pools import built_pool
+from clusterft.pools import make_record
+from clusterft.pools import select_pool
+from clusterft.pools import stdlib_snapshot
+from clusterft.pools import val_count
+from clusterft.pools import val_id
+from clusterft.pools import words
 
 DEFAULTS: dict = {
     # Pool size cap (examples); the stdlib has fewer short functions than that at most caps.

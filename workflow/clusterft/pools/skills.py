@@ -30,9 +30,15 @@ from collections import Counter
 
 import numpy as np
 
-from ..prompt import render_prompt
-from . import (VAL_STREAM, Built, built_pool, make_record, select_pool, val_count, val_id,
-               zipf_counts)
+from clusterft.modeling.prompt import render_prompt
+from clusterft.pools import VAL_STREAM
+from clusterft.pools import Built
+from clusterft.pools import built_pool
+from clusterft.pools import make_record
+from clusterft.pools import select_pool
+from clusterft.pools import val_count
+from clusterft.pools import val_id
+from clusterft.pools import zipf_counts
 
 DEFAULTS: dict = {
     # Pool size (examples).
@@ -61,7 +67,7 @@ DEFAULTS: dict = {
 
 # What every pool response starts with (see the module docstring): a generation item's
 # stored answer is stripped, so the response a model is trained (and scored) on is this
-# prefix + the answer (clusterft.targets).
+# prefix + the answer (clusterft.tasks.targets).
 RESPONSE_PREFIX = " "
 
 # Five programming-flavoured topics of 40 words. Every word is frequent in the corpus

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
-from ..errors import InputError
+from clusterft.pipeline.errors import InputError
 
 PYTHON_VERSION = "3.11.7"
 NAME = f"python-{PYTHON_VERSION}-stdlib"
@@ -55,7 +55,7 @@ def _sha256(data: bytes) -> str:
 
 def snapshot_files(stdlib: str | os.PathLike) -> list[str]:
     """The files a snapshot of stdlib folder `stdlib` holds (sorted relative paths)."""
-    from .pycode import stdlib_files
+    from clusterft.pools.pycode import stdlib_files
 
     files = set(stdlib_files(Path(stdlib)))
     if (Path(stdlib) / TOPICS).is_file():

@@ -1,0 +1,94 @@
+"""Hugging Face model and tokenizer folders: resolve, load offline, save atomically.
+
+Every stage that reads or writes a model goes through here, so one place decides what a
+usable model folder is and how a hub id is allowed in.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.io import atomic_path, set_offline_env
+
+
+def resolve_model(spec: str, allow_downloads: bool = False, field: str = "model",
+                  need_config: bool = True) -> str:
+    """Return a local model dir for ``spec``, or the hub id itself when downloads are allowed.
+
+    Raises InputError naming ``field`` if ``spec`` is neither an existing dir nor usable.
+    """
+    if not spec:
+        raise InputError("no model given", field=field)
+    p = Path(spec).expanduser()
+    if p.exists():
+        if need_config and not (p / "config.json").exists():
+            raise InputError(f"'{spec}' exists but holds no config.json (not an HF model dir)",
+                             path=str(p), field=field)
+        if need_config:
+            check_weights(p, field)
+        return str(p)
+    if allow_downloads and re.fullmatch(r"[\w.\-]+(/[\w.\-]+)?", spec):
+        return spec
+    raise InputError(f"model '{spec}' is not a local directory, and hub downloads are off "
+                     "(set allow_downloads: true to fetch hub ids, or point it at a local model dir)",
+                     field=field)
+
+
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.pt", "*.gguf")
+
+
+def check_weights(model_dir: str | os.PathLike, field: str = "model") -> None:
+    """Refuse a model folder that has a config.json but no weight files (a copy that
+    stopped halfway, or only the config of a model), before anything loads."""
+    p = Path(model_dir)
+    if p.is_dir() and not any(any(p.glob(pat)) for pat in WEIGHT_PATTERNS):
+        raise InputError(f"'{p}' holds config.json but no weights ({', '.join(WEIGHT_PATTERNS)}):"
+                         " copy the whole model folder, or rerun the rule that writes it",
+                         path=str(p), field=field)
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """Load a saved tokenizer dir offline and check its special tokens."""
+    set_offline_env()
+    from transformers import AutoTokenizer
+
+    p = Path(path)
+    if not p.is_dir():
+        raise InputError("tokenizer directory does not exist", path=str(p))
+    tok = AutoTokenizer.from_pretrained(str(p))
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(tok, name) is None:
+            raise InputError(f"tokenizer has no {name.removesuffix('_id')}", path=str(p))
+    return tok
+
+
+def load_causal_lm(path: str | os.PathLike):
+    """A causal LM from a local dir, float32 whatever its saved dtype (every stage here
+    computes in float32, with bf16 only as autocast)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+
+
+def plain_model(model):
+    """The plain HF model to save: DDP unwrapped, LoRA merged into the weights."""
+    m = model.module if hasattr(model, "module") and not hasattr(model, "peft_config") else model
+    if hasattr(m, "merge_and_unload"):
+        m = m.merge_and_unload()
+    m.config.use_cache = True
+    return m
+
+
+def save_model_dir(model, tokenizer, out_dir: str | os.PathLike, extra=None) -> None:
+    """Save model + tokenizer as one plain HF dir, atomically; ``extra(tmp_dir)`` may add
+    files before the folder is moved into place."""
+    m = plain_model(model)
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        m.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        if extra is not None:
+            extra(Path(tmp))

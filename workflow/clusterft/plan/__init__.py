@@ -1,0 +1,1 @@
+"""What a config asks for: loading, merging and checking it (`config`)."""

@@ -1,0 +1,429 @@
+"""Config loading and the checks that go beyond the JSON schema.
+
+The schema (`workflow/schemas/config.schema.yaml`) gives the config's shape; `validate_schema`
+adds the enums the code owns and checks each stage section's keys and types against that
+stage's DEFAULTS; `check_config` then checks what neither can (paths that must exist, tasks
+that must be defined, cluster counts against pool sizes), before any expensive stage starts.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.io import read_text
+from clusterft.pipeline.hardware import cuda_visible, emulated_bf16_message, native_bf16_cpu
+from clusterft.pipeline.names import DISTRIBUTIONS, METHODS, REFERENCES, TARGET_AWARE
+from clusterft.modeling.tokenize import POLICIES
+
+SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+
+
+def budget_label(budget: float) -> str:
+    """Budget as it appears in paths: 0.31 -> '0.31', 1.0 -> '1'."""
+    return f"{float(budget):g}"
+
+
+def load_config(path: str | Path, validate: bool = True) -> dict:
+    """Read a YAML config, validate it against the schema and the extra checks."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError("config file does not exist", path=str(p))
+    try:
+        cfg = yaml.safe_load(read_text(p)) or {}
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 ({e.reason} at byte {e.start}); save the config as UTF-8",
+                         path=str(p)) from e
+    except yaml.YAMLError as e:
+        raise InputError(f"malformed YAML: {e}", path=str(p)) from e
+    if validate:
+        validate_schema(cfg, source=str(p))
+        check_config(cfg, source=str(p))
+        for msg in config_warnings(cfg, source=str(p)):
+            warnings.warn(msg, stacklevel=2)
+    return cfg
+
+
+def yaml_line(source: str | Path | None, field: str) -> int | None:
+    """1-based line of config field `field` ("a.b.1", "a.b[1]" or "a.b") in the YAML file
+    `source`; the deepest key found on the way if the field itself is not written there
+    (None if `source` is not a readable file)."""
+    if not source:
+        return None
+    try:
+        text = read_text(source)
+        node = yaml.compose(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    line = None
+    for part in re.findall(r"[^.\[\]]+", field):
+        if isinstance(node, yaml.MappingNode):
+            nxt = next(((k, v) for k, v in node.value if getattr(k, "value", None) == part), None)
+            if nxt is None:
+                break
+            line, node = nxt[0].start_mark.line + 1, nxt[1]
+        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+            node = node.value[int(part)]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def config_error(message: str, source: str | None, field: str) -> InputError:
+    """InputError naming the config file, the line of `field` in it (if found) and `field`."""
+    return InputError(message, path=source, line=yaml_line(source, field), field=field)
+
+
+def schema() -> dict:
+    """The JSON schema with the enums whose names the code owns filled in from the code."""
+    from clusterft.stages.data import prepare as data
+    from clusterft.stages.data import decontaminate
+    from clusterft.tasks.registry import DOMAINS
+    from clusterft.stages.models import SOURCES
+
+    out = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
+    sweep = out["properties"]["sweep"]["properties"]
+    named = [(sweep["methods"]["items"], METHODS),
+             (sweep["time"]["properties"]["methods"]["items"], METHODS),
+             (sweep["accuracy"]["properties"]["distribution"], DISTRIBUTIONS),
+             (sweep["time"]["properties"]["distributions"]["items"], DISTRIBUTIONS),
+             (out["properties"]["tasks"]["properties"]["decontaminate"], decontaminate.ACTIONS),
+             (out["$defs"]["dataset"]["properties"]["domain"], DOMAINS),
+             (out["$defs"]["dataset"]["properties"]["source"], tuple(data.DEFAULTS)),
+             (out["$defs"]["model"]["properties"]["source"], SOURCES)]
+    for node, names in named:
+        node.pop("type", None)
+        node["enum"] = list(names)
+    return out
+
+
+def validate_schema(cfg: dict, source: str = "config") -> None:
+    """Validate against the JSON schema (as Snakemake does), then every stage section's keys
+    and types against that stage's DEFAULTS; the first error names the file, line, field."""
+    import jsonschema
+
+    sch = schema()
+    validator_cls = jsonschema.validators.validator_for(sch)
+    errors = sorted(validator_cls(sch).iter_errors(cfg), key=lambda e: list(e.path))
+    if errors:
+        e = errors[0]
+        field = ".".join(str(x) for x in e.absolute_path) or "(top level)"
+        message = e.message
+        if e.validator == "additionalProperties" and "unexpected" in message:
+            extra = sorted(set(e.instance) - set(e.schema.get("properties", {})))
+            if extra:  # name the unknown key itself, and what is allowed there
+                field = ".".join([*map(str, e.absolute_path), str(extra[0])])
+                message = (f"unknown key '{extra[0]}'; allowed here: "
+                           f"{', '.join(sorted(e.schema.get('properties', {})))}")
+                if field == "benchmarks":  # renamed: the evaluation side is called tasks
+                    message += " (the 'benchmarks' section is now 'tasks', its 'tasks' list 'only')"
+        raise config_error(message, source, field)
+    try:
+        check_sections(cfg)
+    except InputError as e:
+        raise config_error(e.message, source, e.field or "(top level)") from e
+
+
+def check_sections(cfg: dict) -> None:
+    """Keys and types of each stage section, dataset and model override, against the
+    DEFAULTS of the module that reads them (InputError naming the field)."""
+    from clusterft.stages import cluster
+    from clusterft.stages.data import corpus
+    from clusterft.stages.data import prepare as data
+    from clusterft.stages import evaluate
+    from clusterft.stages.features import representations as features
+    from clusterft.stages import models
+    from clusterft.modeling import pretrain
+    from clusterft.stages import report
+    from clusterft.stages import score
+    from clusterft.stages import select
+    from clusterft.stages import train
+    from clusterft.pipeline.sections import check_keys
+
+    stages = {"corpus": corpus, "score": score, "features": features, "cluster": cluster,
+              "select": select,
+              "train": train, "evaluate": evaluate, "report": report}
+    for name, module in stages.items():
+        check_keys(module.DEFAULTS, cfg.get(name), name)
+    evaluate.merge_cfg(cfg.get("evaluate"))  # values too: shards, gpus, dtype, parallelize
+    check_keys(models.TOKENIZER_DEFAULTS, cfg.get("tokenizer"), "tokenizer")
+    for name, m in (cfg.get("models") or {}).items():
+        check_keys(pretrain.DEFAULTS, m.get("pretrain"), f"models.{name}.pretrain")
+        check_keys(train.DEFAULTS, m.get("train"), f"models.{name}.train")
+    for name, d in (cfg.get("datasets") or {}).items():
+        data.merge_cfg(d["source"], d, name)
+
+
+def count_records(path: str | Path, stop: int | None = None) -> int:
+    """Non-blank lines of a JSONL file (counting stops at `stop`)."""
+    n = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                n += 1
+                if stop is not None and n >= stop:
+                    break
+    return n
+
+
+def tasks_for(cfg: dict, dataset: str) -> list[str]:
+    """Benchmark task names evaluated for the runs of one dataset.
+
+    Repo-defined tasks: those drawn from the dataset's own source (held-out items of the same
+    generator), optionally restricted by `tasks.only`. With `tasks.lm_eval_tasks`
+    (paper config): the lm-eval tasks of the dataset's domain.
+    """
+    bench = cfg.get("tasks", {})
+    spec = cfg["datasets"][dataset]
+    named = bench.get("lm_eval_tasks")
+    if named:
+        return list(named.get(spec["domain"], []))
+    from clusterft.tasks.registry import TASKS
+
+    only = bench.get("only")
+    source = spec.get("source", dataset)
+    return [t.name for t in TASKS.values()
+            if t.dataset == source and (not only or t.name in only)]
+
+
+def has_labels(spec: dict) -> bool:
+    """Whether a dataset's pool comes with true labels (labels.parquet holds more than the
+    placeholder): the built-in generators always; a user's JSONL with `label_field`; a hub
+    or local HF dataset with a `label` column mapped."""
+    source = spec.get("source")
+    if source == "jsonl":
+        return bool(spec.get("label_field"))
+    if source == "hf":
+        return bool((spec.get("columns") or {}).get("label"))
+    return True
+
+
+def check_method_inputs(cfg: dict, source: str = "config") -> None:
+    """Refuse, before any work, methods whose inputs the config cannot give: the oracle
+    reads true labels, LESS and RDS+ read the benchmark tasks' validation items (written
+    by prepare_data for the repo-defined tasks only, not for named lm-eval tasks)."""
+    sweep = cfg["sweep"]
+    named = bool((cfg.get("tasks") or {}).get("lm_eval_tasks"))
+    unlabelled = [d for d, spec in cfg["datasets"].items() if not has_labels(spec)]
+    groups = (("methods", sweep["methods"]),
+              ("baselines.methods", (sweep.get("baselines") or {}).get("methods", [])))
+    for key, methods in groups:
+        for i, m in enumerate(methods):
+            if m in REFERENCES and unlabelled:
+                raise config_error(
+                    f"method '{m}' selects on the true labels, but dataset "
+                    f"'{unlabelled[0]}' has none (map a `label` column under its columns, or "
+                    f"`label_field` for a JSONL pool), or drop '{m}'", source, f"sweep.{key}[{i}]")
+            if m in TARGET_AWARE and named:
+                raise config_error(
+                    f"method '{m}' selects by similarity to the benchmark tasks' validation "
+                    "items, which exist for the repo-defined tasks only (tasks.lm_eval_tasks "
+                    f"names lm-eval tasks); drop '{m}'", source, f"sweep.{key}[{i}]")
+
+
+def model_train_value(cfg: dict, model: str, key: str) -> tuple[Any, str]:
+    """A train key as model `model` gets it (its own `train` override, else the train
+    section) and the config field it comes from."""
+    own = cfg["models"][model].get("train") or {}
+    if key in own:
+        return own[key], f"models.{model}.train.{key}"
+    return (cfg.get("train") or {}).get(key), f"train.{key}"
+
+
+def emulated_bf16_fields(cfg: dict) -> list[str]:
+    """Config fields that ask for bf16 where this node's CPU would emulate it.
+
+    Empty where the CPU has native bf16 (or its flags are unknown). Pretraining of a
+    built model always runs on the CPU; fine-tuning and evaluation only where their device
+    is cpu, or auto without an NVIDIA driver visible.
+    """
+    if native_bf16_cpu() is not False:
+        return []
+
+    def on_cpu(device: Any) -> bool:
+        device = str(device or "auto")
+        return device == "cpu" or (device == "auto" and not cuda_visible())
+
+    out = []
+    for name, m in (cfg.get("models") or {}).items():
+        if m.get("source", "build") == "build" and (m.get("pretrain") or {}).get("precision") == "bf16":
+            out.append(f"models.{name}.pretrain.precision")
+        prec, field = model_train_value(cfg, name, "precision")
+        if prec == "bf16" and on_cpu(model_train_value(cfg, name, "device")[0]):
+            out.append(field)
+    ev = cfg.get("evaluate") or {}
+    if ev.get("dtype") == "bfloat16" and on_cpu(ev.get("device")):
+        out.append("evaluate.dtype")
+    return list(dict.fromkeys(out))
+
+
+def config_warnings(cfg: dict, source: str = "config") -> list[str]:
+    """What is allowed but likely unwanted, each naming the file, line and field: bf16 on a
+    CPU that emulates it (the run is right, only slow; and a config may be checked on a
+    login node for jobs that run elsewhere, so this is not an error)."""
+    out = []
+    for field in emulated_bf16_fields(cfg):
+        line = yaml_line(source, field)
+        at = f"{source}" + (f", line {line}" if line else "")
+        out.append(f"{at}: {emulated_bf16_message(field)}")
+    return out
+
+
+def check_shards(cfg: dict, source: str = "config") -> None:
+    """score.shards: an integer from 1 to every dataset's pool size (each score_shard job
+    gets at least one example's worth of the pool to split)."""
+    shards = (cfg.get("score") or {}).get("shards", 1)
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise config_error(f"score.shards must be an integer >= 1, got {shards!r}", source,
+                           "score.shards")
+    for name, d in cfg["datasets"].items():
+        n = d.get("n")
+        if n is None and d.get("source") == "jsonl" and d.get("path") and Path(d["path"]).is_file():
+            n = count_records(d["path"], stop=shards)
+            n = n if n < shards else None
+        if n is not None and shards > n:
+            raise config_error(f"score.shards = {shards} is larger than the pool of dataset "
+                               f"'{name}' ({n} examples)", source, "score.shards")
+
+
+def check_config(cfg: dict, source: str = "config") -> None:
+    """Checks a schema cannot express; each error names the config field."""
+    sweep = cfg["sweep"]
+    curve = sweep.get("curve") or {}
+    baselines = sweep.get("baselines") or {}
+    ablation = sweep.get("distribution_ablation") or {}
+    swept = list(sweep["methods"]) + list(baselines.get("methods", []))
+    for group in ("curve", "baselines", "distribution_ablation"):
+        for i, m in enumerate((sweep.get(group) or {}).get("models", []) or []):
+            if m not in cfg["models"]:
+                raise config_error(f"model '{m}' is not defined under models; defined: "
+                                   f"{', '.join(cfg['models'])}", source,
+                                   f"sweep.{group}.models[{i}]")
+    for key, budgets in (("budgets", sweep["budgets"]),
+                         ("curve.budgets", curve.get("budgets", [])),
+                         ("time.budgets", sweep.get("time", {}).get("budgets", []))):
+        for i, b in enumerate(budgets):
+            if not 0 < float(b) <= 1:
+                raise config_error(f"budget {b} is outside (0, 1]", source, f"sweep.{key}[{i}]")
+    for key, methods in (("methods", sweep["methods"]),
+                         ("curve.methods", curve.get("methods", [])),
+                         ("baselines.methods", baselines.get("methods", [])),
+                         ("distribution_ablation.methods", ablation.get("methods", [])),
+                         ("time.methods", sweep.get("time", {}).get("methods", []))):
+        for i, m in enumerate(methods):
+            if m not in METHODS:
+                raise config_error(f"unknown method '{m}'; valid: {', '.join(METHODS)}",
+                                   source, f"sweep.{key}[{i}]")
+            if key in ("curve.methods", "distribution_ablation.methods") and m not in swept:
+                raise config_error(f"method '{m}' is in neither sweep.methods nor "
+                                   "sweep.baselines.methods", source, f"sweep.{key}[{i}]")
+    dists = [("accuracy.distribution", sweep.get("accuracy", {}).get("distribution")),
+             ("distribution_ablation.distribution", ablation.get("distribution"))]
+    dists += [(f"time.distributions[{i}]", x)
+              for i, x in enumerate(sweep.get("time", {}).get("distributions", []))]
+    gpus = [("accuracy.gpus", sweep.get("accuracy", {}).get("gpus"))]
+    gpus += [(f"time.gpus[{i}]", x) for i, x in enumerate(sweep.get("time", {}).get("gpus", []))]
+    for key, x in dists:
+        if x is not None and x not in DISTRIBUTIONS:
+            raise config_error(f"unknown distribution '{x}'; valid: {', '.join(DISTRIBUTIONS)}",
+                               source, f"sweep.{key}")
+    for key, x in gpus:
+        if x is not None and (not isinstance(x, int) or x <= 0):
+            raise config_error(f"gpus must be a positive integer, got {x!r}", source, f"sweep.{key}")
+    for name in cfg["models"]:
+        gbs, where = model_train_value(cfg, name, "global_batch_size")
+        if not isinstance(gbs, int) or isinstance(gbs, bool) or gbs < 1:
+            continue  # null (per-rank batch_size) or a bad value the train stage names
+        for key, x in gpus:
+            if isinstance(x, int) and x > 0 and gbs % x:
+                raise config_error(f"global_batch_size {gbs} does not split evenly over "
+                                   f"sweep.{key} = {x} GPUs; use a multiple of every GPU count",
+                                   source, where)
+    for name in cfg["models"]:  # multi-node layout and FSDP against the sweep's GPU counts
+        per, where = model_train_value(cfg, name, "gpus_per_node")
+        fsdp, fsdp_where = model_train_value(cfg, name, "fsdp")
+        for key, x in gpus:
+            if not isinstance(x, int) or x <= 0:
+                continue
+            if isinstance(per, int) and not isinstance(per, bool) and 0 < per < x and x % per:
+                raise config_error(f"sweep.{key} = {x} GPUs do not split evenly into nodes of "
+                                   f"gpus_per_node = {per}", source, where)
+            if fsdp is True and x == 1:
+                raise config_error(f"fsdp: true needs at least 2 GPUs, but sweep.{key} trains "
+                                   f"model '{name}' on 1; set fsdp: false or use 2 or more GPUs",
+                                   source, fsdp_where)
+    trunc = (cfg.get("train") or {}).get("truncation")
+    if trunc is not None and trunc not in POLICIES:
+        raise config_error(f"unknown truncation policy '{trunc}'; valid: {', '.join(POLICIES)}",
+                           source, "train.truncation")
+    t_epochs = sweep.get("time", {}).get("epochs")
+    acc = sweep.get("accuracy", {})
+    if acc.get("fuse_seeds") and acc.get("gpus") != 1:
+        raise config_error(f"sweep.accuracy.fuse_seeds runs a run's seeds in one plain python "
+                           f"process, which needs sweep.accuracy.gpus: 1 (it is "
+                           f"{acc.get('gpus')}); set fuse_seeds: false", source,
+                           "sweep.accuracy.fuse_seeds")
+    acc_dists = [acc.get("distribution")] + ([ablation["distribution"]] if ablation else [])
+    shared = [d for d in acc_dists if d in sweep["time"].get("distributions", [])]
+    if t_epochs is not None and acc.get("gpus") in sweep["time"].get("gpus", []) and shared:
+        raise config_error(f"sweep.time.epochs = {t_epochs}, but the time sweep includes the "
+                           f"accuracy runs' {acc['gpus']} GPU {shared[0]} runs, which "
+                           "train the accuracy recipe; drop sweep.time.epochs or leave that GPU "
+                           "count or distribution out of the time sweep", source, "sweep.time.epochs")
+    for i, m in enumerate(sweep.get("time", {}).get("models", []) or []):
+        if m not in cfg["models"]:
+            raise config_error(f"time-sweep model '{m}' is not defined under models; defined: "
+                               f"{', '.join(cfg['models'])}", source, f"sweep.time.models[{i}]")
+    k = cfg.get("cluster", {}).get("k")
+    for name, d in cfg["datasets"].items():
+        n = d.get("n")
+        if k is not None and n is not None and k > n:
+            raise config_error(f"cluster.k = {k} is larger than the pool size n = {n}",
+                               source, f"datasets.{name}.n")
+        if k is not None and d.get("source") == "jsonl" and d.get("path") and Path(d["path"]).is_file():
+            # Counted at check time (stops at k): the rule graph stays as it is, so
+            # prepare_data does not depend on cluster.k.
+            have = count_records(d["path"], stop=k)
+            if have < k:
+                raise config_error(f"cluster.k = {k} is larger than the pool of dataset '{name}': "
+                                   f"{d['path']} holds {have} records", source, "cluster.k")
+    check_shards(cfg, source)
+    for name, m in cfg["models"].items():
+        if m.get("source") == "path" and not Path(m.get("path", "")).exists():
+            raise config_error(f"model path '{m.get('path')}' does not exist", source,
+                               f"models.{name}.path")
+        if m.get("source") == "hub" and not cfg.get("allow_downloads", False):
+            local = m.get("path")
+            if not (local and Path(local).exists()):
+                # Allowed for dry runs (-n): the base_model rule raises before downloading.
+                pass
+    tok = cfg.get("tokenizer", {}) or {}
+    if tok.get("source") == "path" and not Path(tok.get("path") or "").exists():
+        raise config_error(f"tokenizer path '{tok.get('path')}' does not exist", source,
+                           "tokenizer.path")
+    for name, d in cfg["datasets"].items():
+        if d.get("source") == "jsonl" and not Path(d.get("path") or "").is_file():
+            raise config_error(f"dataset file '{d.get('path')}' does not exist", source,
+                               f"datasets.{name}.path")
+    named = cfg.get("tasks", {}).get("lm_eval_tasks")
+    if not named:
+        from clusterft.tasks.registry import TASKS
+
+        for i, t in enumerate(cfg.get("tasks", {}).get("only", []) or []):
+            if t not in TASKS:
+                raise config_error(f"benchmark task '{t}' is not defined; defined: "
+                                   f"{', '.join(TASKS)}", source, f"tasks.only[{i}]")
+        for name in cfg["datasets"]:
+            if not tasks_for(cfg, name):
+                raise config_error(f"no benchmark task evaluates dataset '{name}' (tasks come from "
+                                   "the skills/pycode/icd10 generators, or set "
+                                   f"tasks.lm_eval_tasks); defined tasks: {', '.join(TASKS)}",
+                                   source, f"datasets.{name}")
+    # Last: a config whose files and sizes are right can still ask for a method it cannot feed.
+    check_method_inputs(cfg, source)

@@ -1,0 +1,280 @@
+"""The tokenizer and base_model stages: train a tokenizer, build small Llama base models and
+pretrain them briefly (clusterft.modeling.pretrain), or take a local or hub model.
+
+Two sizes stand in for the paper's 7B/13B models: ``small`` (~0.5–1M parameters) and
+``large`` (~2–5M). Both share one byte-level BPE tokenizer trained on the general corpus.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Iterable
+
+
+from clusterft.pipeline.errors import InputError
+from clusterft.modeling.hf import load_tokenizer, resolve_model, save_model_dir
+from clusterft.pipeline.io import atomic_path, read_text, set_offline_env, write_json
+from clusterft.modeling.pretrain import DEFAULTS as PRETRAIN_DEFAULTS
+from clusterft.modeling.pretrain import pretrain
+from clusterft.pipeline.sections import merge_section
+
+# Where a tokenizer or a base model comes from: built here, a hub id, or a local folder.
+SOURCES = ("build", "hub", "path")
+BUILD, HUB, PATH = SOURCES
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+SPECIAL_TOKENS = [BOS, EOS, PAD]
+
+TOKENIZER_DEFAULTS: dict = {
+    # build (train a byte-level BPE on the corpus), hub or path.
+    "source": BUILD,
+    # Vocabulary size of the built tokenizer (bytes + merges + 3 specials).
+    "vocab_size": 2048,
+    # source: hub -> a hub model/tokenizer id (needs allow_downloads).
+    "hub_id": None,
+    # source: path -> a local tokenizer folder.
+    "path": None,
+}
+
+DEFAULTS: dict = {
+    # Tokenizer vocabulary size of the built tokenizer.
+    "vocab_size": TOKENIZER_DEFAULTS["vocab_size"],
+    # Model sizes standing in for 7B / 13B. Keys are LlamaConfig fields.
+    "sizes": {
+        # ~0.75M parameters with vocab 2048.
+        "small": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
+                  "num_attention_heads": 4, "num_key_value_heads": 4,
+                  "max_position_embeddings": 512},
+        # ~3.2M parameters with vocab 2048.
+        "large": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+                  "num_attention_heads": 8, "num_key_value_heads": 8,
+                  "max_position_embeddings": 512},
+    },
+    # Brief causal-LM pretraining on the general corpus (keys in clusterft.modeling.pretrain; a
+    # model section's `pretrain` overrides them per model).
+    "pretrain": PRETRAIN_DEFAULTS,
+    # Allow `resolve_model` to fall back to a Hugging Face hub id (needs network).
+    "allow_downloads": False,
+}
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike | None = None,
+                    seed: int = 0):
+    """Train a byte-level BPE tokenizer and return it as a ``PreTrainedTokenizerFast``.
+
+    Special tokens: ``<s>`` (bos, id 0), ``</s>`` (eos, id 1), ``<pad>`` (pad, id 2). A
+    ``TemplateProcessing`` post-processor prepends ``<s>`` when ``add_special_tokens=True``.
+    If ``out_dir`` is given the tokenizer is saved there (atomically) so that
+    ``AutoTokenizer.from_pretrained(out_dir)`` reloads it offline. ``seed`` fixes Python's
+    RNG during training (BPE training itself is deterministic given the texts).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 256 + len(SPECIAL_TOKENS) + 1:
+        raise InputError(f"vocab_size must be > {256 + len(SPECIAL_TOKENS)} for byte-level BPE, "
+                         f"got {vocab_size}", field="vocab_size")
+    random.seed(seed)
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2,
+                                  special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator((t for t in texts if t), trainer=trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)])
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS,
+                                 pad_token=PAD, unk_token=None, padding_side="right",
+                                 clean_up_tokenization_spaces=False)
+    if out_dir is not None:
+        with atomic_path(out_dir, is_dir=True) as tmp:
+            hf.save_pretrained(str(tmp))
+    return hf
+
+
+def read_corpus(path: str | os.PathLike) -> list[str]:
+    """Read the general corpus and split it into documents on runs of 2+ blank lines."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError("corpus file does not exist", path=str(p))
+    try:
+        text = read_text(p)
+    except UnicodeDecodeError as e:
+        raise InputError(f"corpus is not UTF-8 ({e.reason} at byte {e.start})", path=str(p)) from e
+    docs = [d.strip("\n") for d in re.split(r"\n\s*\n\s*\n", text)]
+    docs = [d for d in docs if d.strip()]
+    if not docs:
+        raise InputError("corpus is empty", path=str(p))
+    return docs
+
+
+def run_tokenizer(corpus: str | os.PathLike, vocab_size: int | dict, out_dir: str | os.PathLike,
+                  seed: int = 0, *, allow_downloads: bool = False) -> dict:
+    """Stage `tokenizer`: train the BPE tokenizer on the corpus file and save it to out_dir.
+
+    ``vocab_size`` is an int, or the config's ``tokenizer`` section: ``{source: build,
+    vocab_size}`` trains one; ``{source: hub, hub_id}`` saves a hub tokenizer (downloads
+    must be allowed); ``{source: path, path}`` copies a local tokenizer dir.
+    """
+    section = vocab_size if isinstance(vocab_size, dict) else {"vocab_size": vocab_size}
+    source = section.get("source", BUILD)
+    set_offline_env(allow_downloads and source == HUB)
+    t0 = time.perf_counter()
+    if source in (HUB, PATH):
+        key = "hub_id" if source == HUB else "path"
+        spec = resolve_model(section.get(key, ""), allow_downloads, field=f"tokenizer.{key}",
+                             need_config=False)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(spec)
+        with atomic_path(out_dir, is_dir=True) as tmp:
+            tok.save_pretrained(str(tmp))
+        return {"vocab_size": len(tok), "source": source, "seconds": round(time.perf_counter() - t0, 2)}
+    if source != BUILD:
+        raise InputError(f"unknown source '{source}' ({'|'.join(SOURCES)})", field="tokenizer.source")
+    docs = read_corpus(corpus)
+    tok = train_tokenizer(_lines(docs), int(section.get("vocab_size", DEFAULTS["vocab_size"])),
+                          out_dir, seed)
+    return {"vocab_size": len(tok), "documents": len(docs),
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _lines(docs: list[str]) -> Iterable[str]:
+    for d in docs:
+        yield from d.splitlines(keepends=True)
+
+
+# --------------------------------------------------------------------------- models
+
+def size_config(size: str | dict, cfg: dict | None = None) -> dict:
+    """Return the LlamaConfig fields of a named size (from cfg['sizes'] or DEFAULTS) or a dict."""
+    if isinstance(size, dict):
+        return dict(size)
+    sizes = (cfg or {}).get("sizes") or DEFAULTS["sizes"]
+    if size not in sizes:
+        raise InputError(f"unknown model size '{size}'; known: {sorted(sizes)}", field="sizes")
+    return dict(sizes[size])
+
+
+def build_model(tokenizer_dir: str | os.PathLike, size_cfg: dict, seed: int = 0):
+    """Build a randomly initialised ``LlamaForCausalLM`` matching the tokenizer.
+
+    Embeddings are tied; vocab size and bos/eos/pad ids come from the tokenizer.
+    ``size_cfg`` holds LlamaConfig fields (hidden_size, intermediate_size,
+    num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings).
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_tokenizer(tokenizer_dir) if not hasattr(tokenizer_dir, "bos_token_id") else tokenizer_dir
+    fields = dict(size_cfg)
+    heads = int(fields.get("num_attention_heads", 4))
+    if int(fields.get("hidden_size", 128)) % heads:
+        raise InputError(f"hidden_size {fields.get('hidden_size')} is not divisible by "
+                         f"num_attention_heads {heads}", field="sizes")
+    fields.setdefault("num_key_value_heads", heads)
+    fields.setdefault("max_position_embeddings", 512)
+    config = LlamaConfig(vocab_size=len(tok), tie_word_embeddings=True,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, **fields)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.bos_token_id = tok.bos_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model
+
+
+def count_params(model) -> int:
+    """Number of distinct parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def save_model(model, tokenizer, out_dir: str | os.PathLike, extra=None) -> None:
+    """Save a built model + tokenizer as one HF dir, atomically, the tokenizer's
+    model_max_length set to the model's context."""
+    tokenizer.model_max_length = int(model.config.max_position_embeddings)
+    save_model_dir(model, tokenizer, out_dir, extra)
+
+
+def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, size_cfg: dict,
+                   pretrain_cfg: dict, out_dir: str | os.PathLike, seed: int = 0,
+                   field: str = "pretrain") -> dict:
+    """Stage `base_model`: build a Llama of ``size_cfg``, pretrain it, save model + tokenizer.
+
+    Writes ``out_dir`` (HF dir loadable by AutoModelForCausalLM / lm-eval ``hf``) with a
+    ``pretrain_metrics.json`` inside. Returns the metrics.
+    """
+    set_offline_env()
+    import torch
+
+    t0 = time.perf_counter()
+    tok = load_tokenizer(tokenizer_dir)
+    model = build_model(tok, size_cfg, seed)
+    docs = read_corpus(corpus)
+    ckpt_dir = Path(str(out_dir).rstrip("/") + ".ckpt")
+    metrics = pretrain(model, tok, docs, pretrain_cfg, seed, field, ckpt_dir) if int(
+        (pretrain_cfg or {}).get("steps", PRETRAIN_DEFAULTS["steps"])) > 0 else {"steps": 0}
+    metrics["params"] = count_params(model)
+    metrics["size"] = dict(size_cfg)
+    metrics["torch_threads"] = torch.get_num_threads()
+
+    def add_metrics(tmp: Path) -> None:
+        metrics["total_seconds"] = round(time.perf_counter() - t0, 2)
+        write_json(tmp / "pretrain_metrics.json", metrics)
+
+    save_model(model, tok, out_dir, extra=add_metrics)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)  # the model is complete: nothing to resume
+    return metrics
+
+
+def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model_cfg: dict,
+              out_dir: str | os.PathLike, seed: int = 0, *, name: str = "model",
+              allow_downloads: bool = False, threads: int | None = None) -> dict:
+    """Stage `base_model` from a config ``models.<name>`` section, dispatching on ``source``.
+
+    - ``build`` (default): ``size`` (a dict of LlamaConfig fields, or a name in
+      DEFAULTS['sizes']; default: ``name`` if it is one) + ``pretrain`` (merged over
+      clusterft.modeling.pretrain.DEFAULTS) -> :func:`run_base_model`.
+    - ``hub``: ``hub_id`` downloaded (only with allow_downloads) and saved to out_dir.
+    - ``path``: an existing local HF model dir, copied to out_dir.
+    """
+
+    source = model_cfg.get("source", BUILD)
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    if source == BUILD:
+        size = model_cfg.get("size", name)
+        size_cfg = size_config(size)
+        pcfg = merge_section(PRETRAIN_DEFAULTS, model_cfg.get("pretrain"), f"models.{name}.pretrain")
+        return run_base_model(tokenizer_dir, corpus, size_cfg, pcfg, out_dir, seed,
+                              field=f"models.{name}.pretrain")
+    if source not in (HUB, PATH):
+        raise InputError(f"unknown source '{source}' ({'|'.join(SOURCES)})", field=f"models.{name}.source")
+    key = "hub_id" if source == HUB else "path"
+    spec = resolve_model(model_cfg.get(key, ""), allow_downloads, field=f"models.{name}.{key}")
+    t0 = time.perf_counter()
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        if source == PATH:
+            shutil.copytree(spec, tmp, dirs_exist_ok=True)
+        else:
+            set_offline_env(allow_downloads=True)
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            AutoModelForCausalLM.from_pretrained(spec).save_pretrained(str(tmp))
+            AutoTokenizer.from_pretrained(spec).save_pretrained(str(tmp))
+    return {"source": source, "spec": spec, "seconds": round(time.perf_counter() - t0, 2)}

@@ -1,0 +1,477 @@
+"""Cost table before submitting: GPU-hours per rule and in total for a config's every job.
+
+    python -m clusterft.tools.cost --config config/paper.yaml [--out results/tables/cost]
+        [--tokens-per-example DATASET=N ...] [--params MODEL=N ...] [--mfu 0.3]
+
+The jobs are the workflow's own: the command runs ``snakemake -n -F --configfile CONFIG``
+(a forced dry run, offline, a few seconds) and reads every job's rule, wildcards and
+resources from it, so the table counts exactly the jobs the sweep expansion of
+``workflow/rules/common.smk`` creates (checked against the dry run's own job-count table).
+Each job's work is then estimated with ``clusterft.analysis.costmodel`` (its module docstring states
+the assumptions: FLOPs per token, utilisation, fixed per-step cost):
+
+* ``train``: the sampler's real token plan (``costmodel.token_plan``, what train deals) of
+  one epoch of a seeded stand-in pool (log-normal lengths with the dataset's mean
+  tokens per example and sigma ``LENGTH_SIGMA``, capped at train's ``max_length``; Zipf
+  clusters, ``cluster.k``) at the run's GPU count, distribution and per-rank batch gives the
+  mean step time; times the run's steps (epochs x ceil(selected / global batch)); GPU-hours
+  = that wall time x the run's GPUs (idle waits of the faster ranks included).
+  ``train.gradient_checkpointing`` adds a forward pass per token; FSDP's and multi-node
+  communication are not modelled (assumed hidden behind compute).
+* ``score`` (or ``score_warmup`` + ``score_shard`` with ``score.shards``): the warm-up
+  (``warmup_fraction`` x ``warmup_epochs`` of the pool, or ``warmup_steps`` batches, at the
+  LoRA training cost), one gradient pass per warm-up checkpoint (forward + backward, LoRA
+  cost) and ``loss_points`` forward passes, over the pool's tokens capped at
+  ``score.max_length``; one GPU.
+* ``embedding_features``: one forward pass over the pool (``features.max_length``).
+* ``evaluate`` / ``evaluate_base`` (or their ``_shard`` jobs): per task, ``EVAL_TASKS``'s
+  documented estimate of its items and tokens (forward passes; generated tokens cost
+  ``DECODE_PENALTY`` forward tokens each: decoding is memory-bound); unknown tasks get
+  ``EVAL_DEFAULT``.
+* every other rule (data, tokenizer, clustering, selection, merges, report; base models
+  from the hub): no GPU work, 0 GPU-hours.
+
+Tokens per example of a hub dataset are unknown before download: ``TOKENS_PER_EXAMPLE``
+holds documented estimates per hub dataset id (override per dataset with
+``--tokens-per-example NAME=N``); a dataset with neither stops the command, naming it.
+Parameter counts: ``costmodel.KNOWN_PARAMS`` for hub ids, the architecture for models the
+workflow builds, else ``--params NAME=N``. Writes ``<out>.csv`` (one row per rule plus the
+total), ``<out>.md`` (the same table, with the assumptions) and ``<out>_jobs.csv`` (one row
+per job); each file is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clusterft.analysis.costmodel import (DEFAULT_MFU, DEFAULT_STEP_OVERHEAD_S, H100_BF16_FLOPS, KNOWN_PARAMS,
+                        CostModel, flops_per_token, token_plan)
+from clusterft.pipeline.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# Mean tokens per example (prompt + response, Llama-2 tokenizer) of the hub datasets
+# config/paper.yaml names: our estimates from the datasets' cards and a few hundred rows'
+# character counts at ~3.5 characters per token, to be replaced by the measured mean once
+# the pools exist (prepare_data's summary). Within a factor of ~1.5.
+TOKENS_PER_EXAMPLE = {
+    "sahil2801/CodeAlpaca-20k": 100,                    # short instructions, short snippets
+    "ise-uiuc/Magicoder-OSS-Instruct-75K": 450,         # problem statement + full solution
+    "medalpaca/medical_meadow_medical_flashcards": 90,  # one question, one short answer
+}
+LENGTH_SIGMA = 0.8   # log-normal sigma of the stand-in pool's lengths (assumed)
+SIM_EXAMPLES = 4096  # examples of the stand-in pool a train plan is simulated on
+# lm-eval tasks: (items, forward tokens per item over all its requests, generated tokens
+# per item). Items: the tasks' evaluation splits (MMLU subjects' test sets, MedQA 4-option
+# test, MedMCQA validation, HumanEval, MBPP test). Tokens: our
+# estimates, 0-shot, every answer choice scored as its own request with its context.
+EVAL_TASKS = {
+    "humaneval": (164, 200, 512),
+    "mbpp": (500, 600, 256),
+    "mmlu_college_computer_science": (100, 4 * 200, 0),
+    "medqa_4options": (1273, 4 * 250, 0),
+    "medmcqa": (4183, 4 * 80, 0),
+    "mmlu_college_medicine": (173, 4 * 200, 0),
+    "mmlu_clinical_knowledge": (265, 4 * 100, 0),
+    "mmlu_professional_medicine": (272, 4 * 350, 0),
+}
+EVAL_DEFAULT = (1000, 1024, 0)  # a task not listed above (and the repo-defined tasks)
+DECODE_PENALTY = 10.0  # a generated token costs this many forward tokens (memory-bound)
+CPU_RULES_NOTE = "no GPU work"
+
+
+# ----------------------------------------------------------------------------- jobs
+def dry_run_jobs(config: str | os.PathLike, snakefile: str | os.PathLike | None = None,
+                 workdir: str | os.PathLike | None = None) -> list[dict]:
+    """Every job of ``snakemake -n -F --configfile config``: rule, wildcards, resources.
+
+    Checked against the dry run's own per-rule job counts ("Job stats")."""
+    snakefile = Path(snakefile or ROOT / "Snakefile")
+    cmd = [sys.executable, "-m", "snakemake", "-n", "-F",
+           "--configfile", str(Path(config).resolve()),
+           "--snakefile", str(snakefile), "--directory", str(workdir or snakefile.parent)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise InputError(f"the workflow's dry run failed:\n{(out.stderr or out.stdout)[-3000:]}",
+                         path=str(config))
+    return parse_dry_run(out.stdout + "\n" + out.stderr)
+
+
+def parse_dry_run(text: str) -> list[dict]:
+    """Jobs of a ``snakemake -n`` printout (blocks opened by ``rule NAME:``)."""
+    jobs: list[dict] = []
+    cur: dict | None = None
+    for line in text.splitlines():
+        m = re.match(r"^(?:local)?rule (\w+):\s*$", line)
+        if m:
+            cur = {"rule": m.group(1), "wildcards": {}, "resources": {}}
+            jobs.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = re.match(r"^\s+(wildcards|resources): (.*)$", line)
+        if m:
+            for part in m.group(2).split(", "):
+                k, _, v = part.partition("=")
+                cur[m.group(1)][k.strip()] = v.strip()
+    counts: dict[str, int] = {}
+    for j in jobs:
+        counts[j["rule"]] = counts.get(j["rule"], 0) + 1
+    stats = job_stats(text)
+    if stats != counts:
+        raise RuntimeError(f"dry run: {counts} jobs parsed, but its job stats say {stats}")
+    return jobs
+
+
+def job_stats(text: str) -> dict[str, int]:
+    """The per-rule counts of the dry run's last "Job stats" table (without ``total``)."""
+    blocks = text.split("Job stats:")
+    if len(blocks) < 2:
+        raise RuntimeError("no 'Job stats' table in the dry run's output")
+    counts = {}
+    for line in blocks[-1].splitlines():
+        m = re.match(r"^(\w+)\s+(\d+)\s*$", line)
+        if m and m.group(1) != "total":
+            counts[m.group(1)] = int(m.group(2))
+        elif counts and not line.strip():
+            break
+    return counts
+
+
+# ----------------------------------------------------------------------------- inputs
+def _pairs(items: list[str] | None, what: str) -> dict[str, float]:
+    out = {}
+    for it in items or []:
+        name, sep, val = it.partition("=")
+        try:
+            out[name] = float(val)
+            ok = bool(sep) and out[name] > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InputError(f"{what} must be NAME=POSITIVE_NUMBER, got {it!r}",
+                             field=f"--{what}")
+    return out
+
+
+def tokens_per_example(cfg: dict, overrides: dict[str, float], source: str) -> dict[str, float]:
+    """Mean tokens per example of each dataset: override, else the dataset's
+    ``tokens_per_example`` key, else TOKENS_PER_EXAMPLE by hub id; else an error."""
+    out = {}
+    for name, d in cfg["datasets"].items():
+        v = overrides.get(name, d.get("tokens_per_example"))
+        if v is None:
+            v = TOKENS_PER_EXAMPLE.get(d.get("hf_dataset", ""))
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise InputError(f"no estimate of tokens per example for dataset '{name}' "
+                             f"(got {v!r}); pass --tokens-per-example {name}=N", path=source,
+                             field=f"datasets.{name}")
+        out[name] = float(v)
+    return out
+
+
+def model_params(cfg: dict, overrides: dict[str, float], source: str) -> dict[str, float]:
+    """Parameter count of each model: override, KNOWN_PARAMS by hub id, or the built
+    architecture (counted on the meta device); else an error naming the model."""
+    out = {}
+    for name, m in cfg["models"].items():
+        v = overrides.get(name) or KNOWN_PARAMS.get(m.get("hub_id", ""))
+        if v is None and m.get("source") == "build":
+            v = _built_params(m)
+        if v is None:
+            raise InputError(f"parameter count of model '{name}' unknown; pass --params {name}=N",
+                             path=source, field=f"models.{name}")
+        out[name] = float(v)
+    return out
+
+
+def _built_params(m: dict) -> float:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from clusterft.stages.models import DEFAULTS, size_config
+
+    fields = size_config(m.get("size", "small"))
+    fields.setdefault("vocab_size", DEFAULTS.get("vocab_size", 2048))
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**fields))
+    return float(sum(p.numel() for p in model.parameters()))
+
+
+# ----------------------------------------------------------------------------- estimates
+class Estimator:
+    """Seconds and GPUs of each job of a config (see the module docstring)."""
+
+    def __init__(self, cfg: dict, tpe: dict[str, float], params: dict[str, float],
+                 peak_flops: float = H100_BF16_FLOPS, mfu: float = DEFAULT_MFU,
+                 step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
+                 length_sigma: float = LENGTH_SIGMA) -> None:
+        from clusterft.stages.features import representations as features
+        from clusterft.stages import score
+        from clusterft.stages import train
+        from clusterft.pipeline.sections import merged
+
+        self.cfg, self.tpe, self.params = cfg, tpe, params
+        self.peak, self.mfu = peak_flops, mfu
+        self.overhead, self.sigma = step_overhead_s, length_sigma
+        self.score = {**score.DEFAULTS, **(cfg.get("score") or {})}
+        self.features = {**features.DEFAULTS, **(cfg.get("features") or {})}
+        self.train = {m: {**train.DEFAULTS, **merged(cfg.get("train") or {},
+                                                     spec.get("train") or {})}
+                      for m, spec in cfg["models"].items()}
+        self._plans: dict = {}
+
+    def flop_seconds(self, model: str, tokens: float, kind: str) -> float:
+        return tokens * flops_per_token(self.params[model], kind) / (self.peak * self.mfu)
+
+    def pool(self, dataset: str) -> int:
+        return int(self.cfg["datasets"][dataset].get("n") or 0)
+
+    # train ------------------------------------------------------------------
+    def train_seconds(self, w: dict, evaluated: bool) -> float:
+        from clusterft.stages.train import rank_batch_size
+
+        ds, model, gpus = w["dataset"], w["model"], int(w["gpus"])
+        tcfg = self.train[model]
+        epochs = int(tcfg["epochs"])
+        time_epochs = self.cfg["sweep"]["time"].get("epochs")
+        if time_epochs is not None and not evaluated:
+            epochs = int(time_epochs)
+        n_sel = max(1, round(float(w["budget"]) * self.pool(ds)))
+        bs = rank_batch_size(tcfg, gpus)
+        steps = epochs * math.ceil(n_sel / (bs * gpus))
+        return steps * self.mean_step_seconds(ds, model, gpus, w["dist"], bs, n_sel)
+
+    def mean_step_seconds(self, ds: str, model: str, gpus: int, dist: str, bs: int,
+                          n_sel: int) -> float:
+        tcfg = self.train[model]
+        n = min(n_sel, SIM_EXAMPLES)
+        key = (ds, model, gpus, dist, bs, n)
+        if key not in self._plans:
+            rng = np.random.default_rng(0)
+            k = max(1, int((self.cfg.get("cluster") or {}).get("k", 8)))
+            w = 1.0 / np.arange(1, k + 1)
+            clusters = rng.choice(k, size=n, p=w / w.sum())
+            mu = math.log(self.tpe[ds]) - self.sigma ** 2 / 2
+            lengths = np.clip(np.round(rng.lognormal(mu, self.sigma, n)), 1,
+                              int(tcfg["max_length"])).astype(np.int64)
+            padded, _ = token_plan(dist, clusters, lengths, gpus, bs, 0, 1,
+                                   bool(tcfg["drop_last"]), float(tcfg["group_cost_tokens"]),
+                                   int(tcfg["pad_to_multiple_of"]))
+            kind = "full" if tcfg["finetune"] == "full" else "lora"
+            flops = flops_per_token(self.params[model], kind,
+                                    bool(tcfg.get("gradient_checkpointing", False)))
+            cm = CostModel(flops / (self.peak * self.mfu), self.overhead)
+            self._plans[key] = float(cm.step_times(padded).mean())
+        return self._plans[key]
+
+    # score, features, evaluate ---------------------------------------------
+    def score_parts(self, ds: str, model: str) -> tuple[float, float]:
+        """(warm-up seconds, gradient + loss-trajectory seconds) of one score run."""
+        s = self.score
+        per_ex = min(self.tpe[ds], float(s["max_length"]))
+        n = self.pool(ds)
+        if s.get("warmup_steps") is not None:
+            warm_ex = int(s["warmup_steps"]) * int(s["batch_size"])
+        else:
+            warm_ex = float(s["warmup_fraction"]) * n * int(s["warmup_epochs"])
+        warm = self.flop_seconds(model, warm_ex * per_ex, "lora")
+        ckpts = int(s.get("warmup_checkpoints", 1))
+        grads = self.flop_seconds(model, ckpts * n * per_ex, "lora")
+        losses = self.flop_seconds(model, int(s.get("loss_points", 0)) * n * per_ex, "forward")
+        return warm, grads + losses
+
+    def embedding_seconds(self, ds: str, model: str) -> float:
+        per_ex = min(self.tpe[ds], float(self.features["max_length"]))
+        return self.flop_seconds(model, self.pool(ds) * per_ex, "forward")
+
+    def eval_seconds(self, model: str, tasks: list[str]) -> float:
+        tokens = 0.0
+        for t in tasks:
+            items, fwd, gen = EVAL_TASKS.get(t, EVAL_DEFAULT)
+            tokens += items * (fwd + DECODE_PENALTY * gen)
+        return self.flop_seconds(model, tokens, "forward")
+
+
+def _shard_tasks(tasks: list[str], n: int) -> list[list[str]]:
+    try:
+        from clusterft.stages.evaluate import shard_tasks
+    except ImportError:  # round-robin, at most one job per task
+        n = max(1, min(n, len(tasks)))
+        return [tasks[i::n] for i in range(n)]
+    return shard_tasks(tasks, n)
+
+
+def estimate_jobs(cfg: dict, jobs: list[dict], est: Estimator) -> list[dict]:
+    """One row per job: rule, its wildcards as text, GPUs, hours and GPU-hours."""
+    from clusterft.plan.config import tasks_for
+
+    run_keys = ("dataset", "model", "method", "budget", "gpus", "dist", "seed")
+    evaluated = {tuple(j["wildcards"].get(k) for k in run_keys)
+                 for j in jobs if j["rule"].startswith("evaluate")}
+    score_sharded = {(j["wildcards"]["dataset"], j["wildcards"]["model"], j["wildcards"]["seed"])
+                     for j in jobs if j["rule"] == "score_shard"}
+    eval_sharded = {tuple(sorted((k, v) for k, v in j["wildcards"].items()
+                                 if k not in ("shard", "nshards")))
+                    for j in jobs if "shard" in j["wildcards"] and "nshards" in j["wildcards"]}
+    n_score_shards = int(est.score.get("shards", 1) or 1)
+    n_seeds = len(cfg.get("seeds") or [0])
+    rows = []
+    for j in jobs:
+        rule, w = j["rule"], j["wildcards"]
+        gpus, secs, note = 0, 0.0, CPU_RULES_NOTE
+        if rule == "train":
+            gpus = int(w["gpus"])
+            secs = est.train_seconds(w, tuple(w.get(k) for k in run_keys) in evaluated)
+            note = f"{w['dist']} deal over {gpus} GPUs"
+        elif rule == "train_seeds":  # sweep.accuracy.fuse_seeds: every seed, one GPU
+            gpus = int(w["gpus"])
+            secs = n_seeds * est.train_seconds(w, True)
+            note = f"{n_seeds} seeds one after the other"
+        elif rule in ("score", "score_warmup", "score_shard"):
+            warm, rest = est.score_parts(w["dataset"], w["model"])
+            sharded = (w["dataset"], w["model"], w["seed"]) in score_sharded
+            gpus = 1
+            if rule == "score_warmup":
+                secs, note = warm, "warm-up"
+            elif rule == "score_shard":
+                secs, note = rest / n_score_shards, f"1/{n_score_shards} of the gradient pass"
+            elif sharded:
+                gpus, note = 0, "merge of the shards"
+            else:
+                secs, note = warm + rest, "warm-up + gradient pass"
+        elif rule == "embedding_features":
+            gpus, secs, note = 1, est.embedding_seconds(w["dataset"], w["model"]), "forward pass"
+        elif rule.startswith("evaluate"):
+            tasks = tasks_for(cfg, w["dataset"])
+            key = tuple(sorted(w.items()))
+            if "shard" in w and "nshards" in w:
+                tasks = _shard_tasks(tasks, int(w["nshards"]))[int(w["shard"])]
+            elif key in eval_sharded:
+                tasks = []
+            if tasks:
+                gpus, secs, note = 1, est.eval_seconds(w["model"], tasks), f"{len(tasks)} tasks"
+                if rule == "evaluate_seeds":
+                    secs, note = n_seeds * secs, f"{note}, {n_seeds} seeds"
+            else:
+                note = "merge of the shards"
+        rows.append({"rule": rule, "job": ", ".join(f"{k}={v}" for k, v in w.items()),
+                     "gpus": gpus, "hours": secs / 3600, "gpu_hours": secs * gpus / 3600,
+                     "note": note})
+    return rows
+
+
+def per_rule(rows: list[dict]) -> list[dict]:
+    """Jobs, GPU jobs and GPU-hours per rule (rules in first-seen order), then the total."""
+    table: dict[str, dict] = {}
+    for r in rows:
+        t = table.setdefault(r["rule"], {"rule": r["rule"], "jobs": 0, "gpu_jobs": 0,
+                                         "gpu_hours": 0.0})
+        t["jobs"] += 1
+        t["gpu_jobs"] += int(r["gpus"] > 0)
+        t["gpu_hours"] += r["gpu_hours"]
+    out = sorted(table.values(), key=lambda t: -t["gpu_hours"])
+    out.append({"rule": "total", "jobs": sum(t["jobs"] for t in out),
+                "gpu_jobs": sum(t["gpu_jobs"] for t in out),
+                "gpu_hours": sum(t["gpu_hours"] for t in out)})
+    return out
+
+
+# ----------------------------------------------------------------------------- output
+def _csv(rows: list[dict], fields: list[str]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (f"{r[k]:.4f}" if isinstance(r[k], float) else r[k]) for k in fields})
+    return buf.getvalue()
+
+
+def markdown(table: list[dict], est: Estimator, config: str) -> str:
+    lines = [f"# GPU-hours of `{config}` (estimated before submitting)", "",
+             "| rule | jobs | GPU jobs | GPU-hours |", "| --- | ---: | ---: | ---: |"]
+    for t in table:
+        bold = "**" if t["rule"] == "total" else ""
+        lines.append(f"| {bold}{t['rule']}{bold} | {t['jobs']} | {t['gpu_jobs']} | "
+                     f"{bold}{t['gpu_hours']:.1f}{bold} |")
+    lines += ["", "Assumptions (`clusterft.tools.cost`, `clusterft.analysis.costmodel`; estimates, not "
+              "measurements):", "",
+              f"- per-GPU throughput: {est.peak:.3g} FLOP/s peak at MFU {est.mfu}; training "
+              f"6N (full) or 4N (LoRA) FLOPs per token, forward passes 2N; fixed "
+              f"{est.overhead:g} s per optimiser step",
+              "- parameters: " + ", ".join(f"{m} {p / 1e9:.3g}B" for m, p in est.params.items()),
+              "- tokens per example (mean; lengths log-normal, sigma "
+              f"{est.sigma}): " + ", ".join(f"{d} {v:g}" for d, v in est.tpe.items()),
+              "- train: the sampler's token plan of a stand-in pool per run (slowest rank's "
+              "padded tokens per step); evaluation: per-task item and token estimates "
+              f"(generated tokens x{DECODE_PENALTY:g})", ""]
+    return "\n".join(lines)
+
+
+def run_cost(config: str | os.PathLike, out: str | os.PathLike = "results/tables/cost",
+             tpe_overrides: dict[str, float] | None = None,
+             param_overrides: dict[str, float] | None = None, **model_kw: Any) -> list[dict]:
+    """Write ``<out>.csv``, ``<out>.md`` and ``<out>_jobs.csv``; return the per-rule table."""
+    from clusterft.plan.config import load_config
+    from clusterft.pipeline.io import write_text
+
+    cfg = load_config(config)
+    source = str(config)
+    tpe = tokens_per_example(cfg, tpe_overrides or {}, source)
+    params = model_params(cfg, param_overrides or {}, source)
+    est = Estimator(cfg, tpe, params, **model_kw)
+    jobs = dry_run_jobs(config)
+    rows = estimate_jobs(cfg, jobs, est)
+    table = per_rule(rows)
+    out = str(out)
+    write_text(out + "_jobs.csv", _csv(rows, ["rule", "job", "gpus", "hours", "gpu_hours", "note"]))
+    write_text(out + ".csv", _csv(table, ["rule", "jobs", "gpu_jobs", "gpu_hours"]))
+    write_text(out + ".md", markdown(table, est, source))
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m clusterft.tools.cost",
+                                 description="GPU-hours per rule and in total of a config's jobs")
+    ap.add_argument("--config", required=True, help="a complete workflow config (--configfile)")
+    ap.add_argument("--out", default="results/tables/cost",
+                    help="path prefix: writes PREFIX.csv, PREFIX.md and PREFIX_jobs.csv")
+    ap.add_argument("--tokens-per-example", nargs="*", metavar="DATASET=N",
+                    help="mean tokens per example of a dataset (overrides the estimates)")
+    ap.add_argument("--params", nargs="*", metavar="MODEL=N", help="a model's parameter count")
+    ap.add_argument("--peak-flops", type=float, default=H100_BF16_FLOPS,
+                    help="dense bf16 peak FLOP/s per GPU (default H100 SXM)")
+    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed utilisation")
+    ap.add_argument("--step-overhead", type=float, default=DEFAULT_STEP_OVERHEAD_S,
+                    help="fixed seconds per optimiser step")
+    a = ap.parse_args(argv)
+    try:
+        if not 0 < a.mfu <= 1 or a.peak_flops <= 0 or a.step_overhead < 0:
+            raise InputError("need 0 < --mfu <= 1, --peak-flops > 0, --step-overhead >= 0")
+        table = run_cost(a.config, a.out, _pairs(a.tokens_per_example, "tokens-per-example"),
+                         _pairs(a.params, "params"), peak_flops=a.peak_flops, mfu=a.mfu,
+                         step_overhead_s=a.step_overhead)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for t in table:
+        print(f"{t['rule']:<24} {t['jobs']:>5} jobs {t['gpu_jobs']:>5} on GPUs "
+              f"{t['gpu_hours']:>10.1f} GPU-h")
+    print(f"wrote {a.out}.csv, {a.out}.md and {a.out}_jobs.csv")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
