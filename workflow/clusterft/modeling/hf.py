@@ -51,7 +51,15 @@ def check_weights(model_dir: str | os.PathLike, field: str = "model") -> None:
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """Load a saved tokenizer dir offline and check its special tokens."""
+    """Load a saved tokenizer dir offline and check its special tokens.
+
+    A tokenizer without a pad token (Llama-2's, for one) gets its eos as pad: every collator
+    here masks padding by position (labels -100, attention 0 past each example's length),
+    never by token id, so an eos that is also the pad still trains where it ends a response.
+    Adding a new <pad> token instead would grow the embedding matrix of a frozen base.
+    Padding is on the right for training, scoring and embedding; lm-eval pads on the left
+    for generation on its own (its `hf` model), whatever this side says.
+    """
     set_offline_env()
     from transformers import AutoTokenizer
 
@@ -59,9 +67,12 @@ def load_tokenizer(path: str | os.PathLike):
     if not p.is_dir():
         raise InputError("tokenizer directory does not exist", path=str(p))
     tok = AutoTokenizer.from_pretrained(str(p))
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    for name in ("bos_token_id", "eos_token_id"):
         if getattr(tok, name) is None:
             raise InputError(f"tokenizer has no {name.removesuffix('_id')}", path=str(p))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "right"
     return tok
 
 
