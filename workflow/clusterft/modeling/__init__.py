@@ -1,3 +1,5 @@
-"""Model plumbing shared by the stages that load, train or score a model: HF folders,
-tokenisation and the prompt format, LoRA, precision, the optimiser, micro-batching,
-the process group, checkpoints and the base models' pretraining loop."""
+"""Model plumbing shared by the stages that load, train or score a model: HF folders (`hf`),
+tokenisation (`tokenize`) and the prompt format (`prompt`), LoRA (`lora`), precision
+(`precision`), the optimiser (`optim`), micro-batching (`microbatch`), the process group
+(`distributed`), checkpoints (`checkpoint`) and the base models' pretraining loop
+(`pretrain`). Imports only `pipeline`."""

@@ -1,3 +1,5 @@
-"""Glue every layer may use: user errors, atomic I/O, the names written once, config
-sections, provenance sidecars, progress lines, process settings, the CPU's abilities, the
-train-job launcher and the Snakemake script wrapper. Imports nothing else of the package."""
+"""Glue every layer may use: user errors (`errors`), atomic I/O (`io`), the names written
+once (`names`), config sections over DEFAULTS (`sections`), provenance sidecars
+(`provenance`), progress lines (`pace`), process settings (`runtime`), the CPU's abilities
+(`hardware`), the train-job launcher (`launch`), the Snakemake script wrapper (`smk`) and
+feature-row files (`rows`). The bottom layer: imports nothing else of the package."""

@@ -1,2 +1,3 @@
-"""Tools above the workflow: the cost table before submitting (`cost`), comparing two
-result trees (`compare`), and config/README.md's generated key reference (`configdoc`)."""
+"""Tools above the workflow, on a whole config or results tree: the cost table before
+submitting (`cost`), comparing two result trees (`compare`), and config/README.md's generated
+key reference (`configdoc`). Import everything below them but `cli`."""
