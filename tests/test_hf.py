@@ -71,3 +71,27 @@ def test_eos_as_pad_trains_and_scores_like_a_real_pad(tiny_model_dir, tiny_pool,
 
     torch.testing.assert_close(losses(llama2.pad_token_id), losses(own.pad_token_id),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_the_base_loads_in_the_dtype_the_run_asks(tiny_model_dir):
+    import torch
+
+    from clusterft.modeling.hf import load_causal_lm
+
+    assert {p.dtype for p in load_causal_lm(tiny_model_dir).parameters()} == {torch.float32}
+    bf = load_causal_lm(tiny_model_dir, dtype=torch.bfloat16, device="cpu")
+    assert {p.dtype for p in bf.parameters()} == {torch.bfloat16}
+    assert {p.device.type for p in bf.parameters()} == {"cpu"}
+
+
+@pytest.mark.parametrize("precision, device, finetune, want", [
+    ("bf16", "cuda", "lora", "bfloat16"),   # frozen base on a GPU: half the memory
+    ("bf16", "cuda", "full", "float32"),    # weights that learn keep float32
+    ("fp32", "cuda", "lora", "float32"),
+    ("bf16", "cpu", "lora", "float32"),     # CPU bf16 is autocast over float32 weights
+    ("fp32", "cpu", "full", "float32"),
+])
+def test_base_dtype_rule(precision, device, finetune, want):
+    from clusterft.modeling.precision import base_dtype
+
+    assert str(base_dtype(precision, device, finetune)).removeprefix("torch.") == want

@@ -76,13 +76,18 @@ def load_tokenizer(path: str | os.PathLike):
     return tok
 
 
-def load_causal_lm(path: str | os.PathLike):
-    """A causal LM from a local dir, float32 whatever its saved dtype (every stage here
-    computes in float32, with bf16 only as autocast)."""
+def load_causal_lm(path: str | os.PathLike, dtype=None, device=None):
+    """A causal LM from a local dir, in ``dtype`` (float32 by default, whatever its saved
+    dtype: every stage here computes in float32 with bf16 only as autocast, except a frozen
+    LoRA base on a GPU, `precision.base_dtype`), placed on ``device`` while it loads: a GPU
+    rank never holds a float32 copy of a 13B model in host memory first."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    kw = {"dtype": dtype or torch.float32}
+    if device is not None and torch.device(device).type != "cpu":
+        kw["device_map"] = {"": str(torch.device(device))}
+    return AutoModelForCausalLM.from_pretrained(str(path), **kw)
 
 
 def plain_model(model):

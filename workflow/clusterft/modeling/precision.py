@@ -60,3 +60,19 @@ def autocast(device, precision: str):
 
     device = torch.device(device)
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def base_dtype(precision: str, device, finetune: str):
+    """The dtype a model's weights are loaded in, for a resolved ``precision``.
+
+    LoRA on a CUDA device in bf16 keeps the frozen base in bfloat16: its weights take no
+    gradient and no optimiser state, so nothing needs float32 masters, and a 13B base takes
+    26 GB instead of 52 GB per rank (peft keeps the adapters in float32). Everything else
+    loads float32: full fine-tuning updates the weights themselves (bf16 weights would lose
+    small updates), and on a CPU bf16 is autocast over float32 weights as before.
+    """
+    import torch
+
+    if precision == "bf16" and finetune == "lora" and torch.device(device).type == "cuda":
+        return torch.bfloat16
+    return torch.float32
