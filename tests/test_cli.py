@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -125,3 +126,111 @@ def test_score_checks_trains_length_policy_from_the_command_line(tmp_path: Path,
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert f"{pool}, line 2" in out.stderr and "'ex-1'" in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "f.npy").exists()
+
+
+# ------------------------------------------------------------------ help, flags, parsing
+
+def _subparsers(parser):
+    import argparse
+
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def _parsers() -> dict:
+    """Every parser a user meets: `clusterft`, each `clusterft STAGE`, and the stages' and
+    tools' own (`python -m clusterft.stages.train`, ...)."""
+    from clusterft.cli import build_parser
+    from clusterft.stages import train
+    from clusterft.tools import compare, cost
+
+    top = build_parser()
+    out = {"clusterft": top}
+    out.update({f"clusterft {k}": v for k, v in _subparsers(top).choices.items()})
+    out.update({m.__name__: m.build_parser() for m in (train, cost, compare)})
+    return out
+
+
+def _flags(parser) -> list[str]:
+    return [o for a in parser._actions for o in a.option_strings if o not in ("-h", "--help")]
+
+
+def test_each_stage_help_shows_its_real_flags(capsys) -> None:
+    from clusterft.cli import main
+    from clusterft.stages import train
+    from clusterft.tools import compare, cost
+
+    parsers = _parsers()
+    stages = [k.split()[1] for k in parsers if k.startswith("clusterft ")]
+    assert {"prepare-data", "train", "cost", "compare", "evaluate", "report"} <= set(stages)
+    for name in stages:
+        with pytest.raises(SystemExit) as e:
+            main([name, "--help"])
+        assert e.value.code == 0
+        text = capsys.readouterr().out
+        assert f"usage: clusterft {name}" in text
+        for flag in _flags(parsers[f"clusterft {name}"]):
+            assert flag in text, (name, flag)
+    # the stages with a parser of their own: the same flags (one set), the same help texts
+    for module in (train, cost, compare):
+        name = module.__name__.rsplit(".", 1)[-1]
+        own, ours = module.build_parser(), parsers[f"clusterft {name}"]
+        assert _flags(own) == _flags(ours)
+        assert [a.help for a in own._actions] == [a.help for a in ours._actions]
+
+
+def test_clusterft_train_help_from_the_command_line(tmp_path: Path) -> None:
+    out = cli("train", "--help", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--distribution", "--selection", "--metrics", "--threads", "balanced"):
+        assert flag in out.stdout, flag
+
+
+def test_every_flag_has_a_help_text_and_no_parser_takes_abbreviations() -> None:
+    for name, parser in _parsers().items():
+        assert parser.allow_abbrev is False, name
+        for action in parser._actions:
+            assert action.help and action.help.strip(), (name, action.dest)
+            sub = getattr(action, "_choices_actions", [])
+            for choice in sub:
+                assert choice.help and choice.help.strip(), (name, choice.dest)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["select", "--clusters", "c.parquet", "--scores", "s.parquet", "--method", "less",
+      "--out-selection", "x.parquet", "--out-summary", "x.json", "--feature", "f.npy"],
+     "--feature"),
+    (["train", "--model", "m", "--pool", "p", "--selection", "s", "--out", "o", "--metrics",
+      "m.json", "--distrib", "balanced"], "--distrib"),
+    (["cost", "--config", "c.yaml", "--mf", "0.5"], "--mf"),
+    (["compare", "a", "b", "--js", "x.json"], "--js"),
+])
+def test_an_abbreviated_flag_is_refused(argv, flag, capsys) -> None:
+    from clusterft.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_the_stages_own_parsers_refuse_abbreviations(capsys) -> None:
+    from clusterft.stages import train
+
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", "m", "--pool", "p", "--selection", "s", "--out", "o",
+                    "--metrics", "m.json", "--thread", "2"])
+    assert e.value.code == 2 and "--thread" in capsys.readouterr().err
+
+
+def test_prepare_data_sources_are_the_codes_own(capsys) -> None:
+    from clusterft.cli import main
+    from clusterft.stages.data.prepare import DEFAULTS
+
+    parser = _parsers()["clusterft prepare-data"]
+    source = next(a for a in parser._actions if "--source" in a.option_strings)
+    assert tuple(source.choices) == tuple(DEFAULTS)
+    assert "hub" not in source.help
+    with pytest.raises(SystemExit) as e:
+        main(["prepare-data", "--dataset", "x", "--source", "hub", "--out-pool", "p.jsonl",
+              "--out-labels", "l.parquet", "--out-items", "items"])
+    assert e.value.code == 2 and "invalid choice: 'hub'" in capsys.readouterr().err

@@ -95,3 +95,97 @@ def test_context_manager_writes_the_summary_when_the_loop_raises():
             p.update()
             raise RuntimeError("boom")
     assert "demo: 2 steps in" in out.getvalue()
+
+
+# ------------------------------------------------------------ bar on a terminal, lines in logs
+
+class FakeTTY(io.StringIO):
+    """A terminal stand-in: tqdm draws its bar here."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _loop(total: int = 30, **kw) -> None:
+    with Pace(total, "demo", mininterval=0, **kw) as p:
+        for _ in range(total):
+            p.update()
+
+
+def test_a_log_file_gets_pace_lines_and_no_bar(tmp_path, monkeypatch):
+    """stderr sent to a file, as clusterft.pipeline.smk.logged does for a rule's log."""
+    import sys
+
+    log = tmp_path / "rule.log"
+    with open(log, "w", encoding="utf-8") as f:
+        monkeypatch.setattr(sys, "stderr", f)
+        _loop()
+    text = log.read_text()
+    assert "\r" not in text and "%|" not in text, text[:500]
+    lines = text.splitlines()
+    assert lines and all(" pace demo: " in x for x in lines), lines
+    assert LINE.search(text) and "demo: 30 steps in" in lines[-1]
+
+
+def test_a_shell_redirected_stderr_gets_no_bar(tmp_path):
+    """`... 2> log` (train's rule): the process's own stderr is a file, not a terminal."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "train.log"
+    code = ("from clusterft.pipeline.pace import Pace\n"
+            "with Pace(40, 'demo', mininterval=0) as p:\n"
+            "    for _ in range(40):\n"
+            "        p.update()\n")
+    with open(log, "w", encoding="utf-8") as f:
+        subprocess.run([sys.executable, "-c", code], stderr=f, check=True, timeout=120)
+    text = log.read_text()
+    assert "\r" not in text and "pace demo: step" in text, text[:500]
+    assert all(" pace demo: " in x for x in text.splitlines())
+
+
+def test_a_terminal_gets_the_bar_and_the_lines():
+    tty = FakeTTY()
+    _loop(file=tty)
+    text = tty.getvalue()
+    assert "\r" in text and "30/30" in text  # tqdm's bar
+    assert LINE.search(text) and "pace demo: 30 steps in" in text
+    quiet = FakeTTY()
+    _loop(file=quiet, bar=False)
+    assert "\r" not in quiet.getvalue() and "pace demo: 30 steps in" in quiet.getvalue()
+
+
+def test_corpus_progress_goes_through_pace(tmp_path, monkeypatch):
+    import sys
+
+    from clusterft.stages.data.corpus import run_corpus
+
+    log = tmp_path / "corpus.log"
+    with open(log, "w", encoding="utf-8") as f:
+        monkeypatch.setattr(sys, "stderr", f)
+        run_corpus({"topics_chars": 20_000, "stdlib_chars": 20_000, "icd10_chars": 5_000},
+                   tmp_path / "c.txt", [], seed=0)
+    text = log.read_text()
+    assert "\r" not in text, text[:500]
+    assert "pace corpus topics: " in text and "pace corpus stdlib: " in text
+
+
+def test_other_libraries_bars_only_on_a_terminal():
+    """bars_only_on_terminal (lm-eval's bars in evaluate): a file gets no bar, a terminal
+    does, a bar its caller turned off stays off, and tqdm is itself again afterwards."""
+    from tqdm import tqdm
+
+    from clusterft.pipeline.pace import bars_only_on_terminal, on_terminal
+
+    with bars_only_on_terminal():
+        log, tty, off = io.StringIO(), FakeTTY(), FakeTTY()
+        assert sum(tqdm(range(5), file=log)) == 10
+        assert sum(tqdm(range(5), file=log, disable=False)) == 10
+        list(tqdm(range(5), file=tty, desc="x"))
+        list(tqdm(range(5), file=off, disable=True))
+    assert log.getvalue() == "" and off.getvalue() == ""
+    assert "\r" in tty.getvalue() and "5/5" in tty.getvalue()
+    after = io.StringIO()
+    list(tqdm(range(5), file=after))
+    assert "5/5" in after.getvalue()
+    assert on_terminal(FakeTTY()) and not on_terminal(io.StringIO()) and not on_terminal(object())

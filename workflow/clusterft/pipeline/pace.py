@@ -1,22 +1,66 @@
-"""Progress of a long loop for the person waiting on it: a tqdm bar, plus plain log lines with
-the measured seconds per step and the expected finish time.
+"""Progress of a long loop for the person waiting on it: a tqdm bar on a terminal, plus plain
+log lines with the measured seconds per step and the expected finish time.
 
 In a Snakemake job's log a tqdm bar is a stream of carriage returns that nobody reads while
-the job runs. One line soon after the start ("0.42 s/step ... expected finish 18:52:10 UTC
-(in 8.3 min)") tells a user within a minute that a rule will take hours, e.g. because bf16 is
-emulated on their CPU, instead of after it. The first step is left out of the rate: it pays
-for one-time work (kernel selection, allocator warm-up, lazy imports).
+the job runs (and `grep pace logs/` would return the bar's text joined to each line), so the
+bar is drawn only when its stream is a terminal (tqdm's ``disable=None``); a log file gets the
+pace lines alone. One line soon after the start ("0.42 s/step ... expected finish 18:52:10
+UTC (in 8.3 min)") tells a user within a minute that a rule will take hours, e.g. because
+bf16 is emulated on their CPU, instead of after it. The first step is left out of the rate:
+it pays for one-time work (kernel selection, allocator warm-up, lazy imports).
+
+:func:`bars_only_on_terminal` does the same for other libraries' bars (lm-eval's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import sys
 import time
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterator
 
 from tqdm import tqdm
+
+
+def on_terminal(stream: IO[str] | None = None) -> bool:
+    """Whether ``stream`` (default: the current ``sys.stderr``) is a terminal."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed file
+        return False
+
+
+# tqdm.__init__'s positional parameters before ``disable`` (iterable .. ascii)
+_BEFORE_DISABLE = 10
+
+
+@contextlib.contextmanager
+def bars_only_on_terminal() -> Iterator[None]:
+    """Within: every tqdm bar that its caller did not turn off is drawn only on a terminal.
+
+    For libraries that draw bars of their own (lm-eval's request and task-building bars):
+    their ``disable=False`` becomes tqdm's ``disable=None`` (off unless the bar's stream is
+    a TTY), so a rule's log holds no carriage-return bar text. Bars the caller disabled stay
+    off. Only the display changes; the loops run as before.
+    """
+    from tqdm import std
+
+    saved = std.tqdm.__dict__["__init__"]
+    init = std.tqdm.__init__  # a plain function (or an env-var partialmethod's unbound form)
+
+    def __init__(self: Any, *args: Any, **kw: Any) -> None:
+        if len(args) <= _BEFORE_DISABLE and not kw.get("disable"):
+            kw["disable"] = None
+        init(self, *args, **kw)
+
+    std.tqdm.__init__ = __init__
+    try:
+        yield
+    finally:
+        std.tqdm.__init__ = saved
 
 
 def _clock(seconds_from_now: float) -> str:
@@ -33,14 +77,15 @@ def _span(seconds: float) -> str:
 
 
 class Pace:
-    """A tqdm bar over ``total`` steps that also logs its pace.
+    """A tqdm bar over ``total`` steps (on a terminal only) that also logs its pace.
 
     Lines go to ``file`` (stderr by default, which the workflow sends to the rule's log):
     one after ``first`` timed steps, then at each ``1/reports`` of the run, and one at
-    ``close()`` with the whole loop's mean. ``disable`` silences both (e.g. ranks > 0);
-    ``bar=False`` keeps the lines only (where the loop has a bar of its own). ``clock``
-    is for tests. Use it as a context manager so the summary is written even if the loop
-    raises.
+    ``close()`` with the whole loop's mean. The bar goes to the same ``file`` and only if
+    it is a terminal (a log file gets the plain lines alone). ``disable`` silences both
+    (e.g. ranks > 0); ``bar=False`` keeps the lines only (where the loop has a bar of its
+    own). ``clock`` is for tests. Use it as a context manager so the summary is written
+    even if the loop raises.
     """
 
     def __init__(self, total: int, desc: str, *, initial: int = 0, first: int = 5,
@@ -54,7 +99,9 @@ class Pace:
         self.disable = disable
         self.file = file if file is not None else sys.stderr
         self.clock = clock
-        self.bar = tqdm(total=total, initial=initial, desc=desc, disable=disable or not bar,
+        # disable=None: tqdm draws the bar only if self.file is a TTY
+        self.bar = tqdm(total=total, initial=initial, desc=desc,
+                        disable=True if disable or not bar else None,
                         mininterval=mininterval, file=self.file)
         self.n = self._initial = int(initial)
         self._t_start = clock()
@@ -127,4 +174,4 @@ class Pace:
         self.close()
 
 
-__all__ = ["Pace"]
+__all__ = ["Pace", "bars_only_on_terminal", "on_terminal"]

@@ -434,7 +434,7 @@ def _register_paced_model() -> str:
 
     if PACED_MODEL in MODEL_REGISTRY:
         return PACED_MODEL
-    from clusterft.pipeline.pace import Pace
+    from clusterft.pipeline.pace import Pace, on_terminal
 
     class PacedHFLM(HFLM):
         _pace: Pace | None = None
@@ -452,13 +452,16 @@ def _register_paced_model() -> str:
             if self._pace is not None:
                 self._pace.update(rows)
 
+        # lm-eval's bars only on a terminal: a rule's log gets the pace lines alone
         def loglikelihood(self, requests, disable_tqdm: bool = False):
+            quiet = disable_tqdm or not on_terminal()
             return self._paced(requests, "loglikelihood",
-                               lambda: super(PacedHFLM, self).loglikelihood(requests, disable_tqdm))
+                               lambda: super(PacedHFLM, self).loglikelihood(requests, quiet))
 
         def generate_until(self, requests, disable_tqdm: bool = False):
+            quiet = disable_tqdm or not on_terminal()
             return self._paced(requests, "generate_until",
-                               lambda: super(PacedHFLM, self).generate_until(requests, disable_tqdm))
+                               lambda: super(PacedHFLM, self).generate_until(requests, quiet))
 
         def _model_call(self, inps, attn_mask=None, labels=None):
             out = super()._model_call(inps, attn_mask=attn_mask, labels=labels)
@@ -534,7 +537,10 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
     # Built-in lm-eval tasks (paper config) need the default index too.
     Path(tasks_dir).mkdir(parents=True, exist_ok=True)
     tm = TaskManager(include_path=str(Path(tasks_dir).resolve()), include_defaults=bool(builtin))
-    with _light_env_info(bool(cfg["collect_env_info"])):
+    from clusterft.pipeline.pace import bars_only_on_terminal
+
+    # lm-eval's other bars (building each task's requests, bootstrap) too: terminal only
+    with _light_env_info(bool(cfg["collect_env_info"])), bars_only_on_terminal():
         raw = lm_eval.simple_evaluate(
             model=_register_paced_model(), model_args=model_args, tasks=[s["name"] for s in specs] + builtin, task_manager=tm,
             batch_size=int(cfg["batch_size"]), device=resolve_device(cfg["device"], "evaluate.device"),

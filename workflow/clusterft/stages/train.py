@@ -61,7 +61,7 @@ from clusterft.modeling.hf import load_causal_lm, load_tokenizer, resolve_model,
 from clusterft.pipeline import provenance
 from clusterft.pipeline.io import set_offline_env, write_json
 from clusterft.modeling.lora import DEFAULTS as LORA_DEFAULTS
-from clusterft.pipeline.names import DISTRIBUTIONS, RANDOM_SPLIT
+from clusterft.pipeline.names import BALANCED, DISTRIBUTIONS, RANDOM_SPLIT
 from clusterft.modeling.optim import SCHEDULES
 from clusterft.pools.poolfile import epoch_subsets, load_pool, read_selection, select_records
 from clusterft.modeling.precision import PRECISIONS, resolve_precision
@@ -605,25 +605,48 @@ def check_runs(runs: dict[str, list]) -> int:
     return n
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m clusterft.stages.train", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, help="base model dir (HF)")
-    ap.add_argument("--pool", required=True, help="pool.jsonl")
+def add_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Train's flags, on its own parser and on `clusterft train` alike (one set, one place)."""
+    ap.add_argument("--model", required=True,
+                    help="base model directory (Hugging Face format: config.json, weights, "
+                         "tokenizer)")
+    ap.add_argument("--pool", required=True, help="the pool (pool.jsonl) the selection's ids "
+                    "come from")
     ap.add_argument("--selection", required=True, nargs="+",
                     help="selection.parquet (id, cluster, score; optional epoch: RS2 subsets); "
                          "one per run")
-    ap.add_argument("--out", required=True, nargs="+", help="output model dir, one per run")
+    ap.add_argument("--out", required=True, nargs="+",
+                    help="output model directory (LoRA merged into the weights), one per run")
     ap.add_argument("--metrics", required=True, nargs="+",
                     help="output train_metrics.json, one per run")
-    ap.add_argument("--distribution", choices=DISTRIBUTIONS, default=RANDOM_SPLIT)
+    ap.add_argument("--distribution", choices=DISTRIBUTIONS, default=RANDOM_SPLIT,
+                    help="how examples are spread over ranks and batches: "
+                         f"{RANDOM_SPLIT} (DistributedSampler, shuffled) or {BALANCED} "
+                         "(cluster-balanced batches); default: %(default)s")
     ap.add_argument("--seed", type=int, nargs="+", default=[0],
                     help="one per run (several runs: one after the other in this process, "
-                         "each as its own job would train it; one rank only)")
-    ap.add_argument("--config", default=None, help="train config: YAML/JSON file or inline JSON")
+                         "each as its own job would train it; one rank only); default: 0")
+    ap.add_argument("--config", default=None,
+                    help="train config: a YAML/JSON file or inline JSON (the train section's "
+                         "keys, or a whole config with a train: section); default: the "
+                         "built-in defaults")
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads this job may use on this node, shared by its ranks "
                          "(default: the available cores; config num_threads overrides)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def build_parser(prog: str = "python -m clusterft.stages.train") -> argparse.ArgumentParser:
+    return add_arguments(argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0],
+                                                 allow_abbrev=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_args(build_parser().parse_args(argv))
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Train the runs of parsed `add_arguments` flags; the exit status (2: bad input)."""
     die_with_launcher()
     try:
         runs = {"selection": args.selection, "out": args.out, "metrics": args.metrics,

@@ -211,13 +211,26 @@ def render(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m clusterft.tools.compare", description=__doc__.split("\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """compare's flags, on its own parser and on `clusterft compare` alike."""
     ap.add_argument("a", help="results/ folder of run A")
     ap.add_argument("b", help="results/ folder of run B")
-    ap.add_argument("--out", help="also write the markdown here")
-    ap.add_argument("--json", help="also write the numbers as JSON here")
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", help="also write the markdown here (a .md file path)")
+    ap.add_argument("--json", help="also write the numbers as JSON here (a .json file path)")
+    return ap
+
+
+def build_parser(prog: str = "python -m clusterft.tools.compare") -> argparse.ArgumentParser:
+    return add_arguments(argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0],
+                                                 allow_abbrev=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_args(build_parser().parse_args(argv))
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Print (and write) the comparison of parsed `add_arguments` flags; the exit status."""
     res = compare(args.a, args.b)
     text = render(res)
     print(text)

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-from tqdm import tqdm
 
 from clusterft.pipeline.sections import merge_section
 from clusterft.pipeline.errors import InputError
 from clusterft.pipeline.io import read_jsonl, write_json, write_text
+from clusterft.pipeline.pace import Pace
 from clusterft.pools import ngrams, stdlib_snapshot, words
 from clusterft.pools import pycode as pycode_pool
 
@@ -209,12 +209,16 @@ def build_corpus(cfg: dict, excluder: Excluder, seed: int = 0) -> tuple[list[str
     sources = {"topics": topics_docs(int(cfg["topics_chars"])), "stdlib": stdlib_docs(cfg)}
     for name, src_docs in sources.items():
         st = stats.setdefault(name, Counter())
-        for lines in tqdm(src_docs, desc=f"corpus {name}", leave=False):
-            kept, why = excluder.filter_doc(lines)
-            st.update(why)
-            kept = _clean("\n".join(kept))
-            if kept:
-                docs.append("\n".join(kept))
+        # a bar on a terminal, plain pace lines in the rule's log (clusterft.pipeline.pace)
+        with Pace(len(src_docs), f"corpus {name}", unit="document",
+                  disable=len(src_docs) < 2) as pace:
+            for lines in src_docs:
+                kept, why = excluder.filter_doc(lines)
+                st.update(why)
+                kept = _clean("\n".join(kept))
+                if kept:
+                    docs.append("\n".join(kept))
+                pace.update()
     st = stats.setdefault("icd10", Counter())
     per, size = int(cfg["icd10_lines_per_doc"]), 0
     lines = icd10_lines(rng)
