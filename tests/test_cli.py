@@ -234,3 +234,26 @@ def test_prepare_data_sources_are_the_codes_own(capsys) -> None:
         main(["prepare-data", "--dataset", "x", "--source", "hub", "--out-pool", "p.jsonl",
               "--out-labels", "l.parquet", "--out-items", "items"])
     assert e.value.code == 2 and "invalid choice: 'hub'" in capsys.readouterr().err
+
+
+def test_every_parser_in_the_package_refuses_abbreviations_and_explains_its_flags():
+    """Read from the source, so parsers built inside a module's own main() count too."""
+    import ast
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[1] / "workflow" / "clusterft"
+    bad = []
+    for f in pkg.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute | ast.Name):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            kws = {k.arg: k.value for k in node.keywords}
+            if name in ("ArgumentParser", "add_parser"):
+                ok = isinstance(kws.get("allow_abbrev"), ast.Constant) and kws["allow_abbrev"].value is False
+                ok = ok or None in kws  # **common kwargs: checked at run time by the tests above
+                if not ok:
+                    bad.append(f"{f.relative_to(pkg)}:{node.lineno} {name} without allow_abbrev=False")
+            elif name == "add_argument" and "help" not in kws and None not in kws:
+                bad.append(f"{f.relative_to(pkg)}:{node.lineno} add_argument without help")
+    assert not bad, "\n".join(bad)

@@ -181,23 +181,28 @@ def _main(argv: list[str] | None = None) -> int:
     """Random vs balanced predicted train time on a seeded log-normal, Zipf-clustered pool."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m clusterft.analysis.costmodel", description=_main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m clusterft.analysis.costmodel", description=_main.__doc__,
+                                 allow_abbrev=False)
     ap.add_argument("--n", type=int, default=20000, help="examples in the pool")
-    ap.add_argument("--clusters", type=int, default=64)
-    ap.add_argument("--mean-tokens", type=float, default=300.0)
+    ap.add_argument("--clusters", type=int, default=64, help="Zipf-sized clusters (default 64)")
+    ap.add_argument("--mean-tokens", type=float, default=300.0, help="mean example length in tokens")
     ap.add_argument("--sigma", type=float, default=0.8, help="log-normal sigma of lengths")
     ap.add_argument("--max-length", type=int, default=0,
                     help="cut lengths here, as train's truncation does (0: no cut)")
-    ap.add_argument("--params", type=float, default=KNOWN_PARAMS["meta-llama/Llama-2-7b-hf"])
-    ap.add_argument("--kind", default="lora", choices=sorted(_FLOPS_PER_PARAM))
-    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU)
+    ap.add_argument("--params", type=float, default=KNOWN_PARAMS["meta-llama/Llama-2-7b-hf"],
+                    help="model parameters (default: Llama-2-7B's)")
+    ap.add_argument("--kind", default="lora", choices=sorted(_FLOPS_PER_PARAM),
+                    help="fine-tuning kind, for FLOPs per token (default lora)")
+    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilisation assumed")
     ap.add_argument("--seconds-per-token", type=float, help="overrides --params/--kind/--mfu")
-    ap.add_argument("--step-overhead", type=float, default=DEFAULT_STEP_OVERHEAD_S)
-    ap.add_argument("--gpus", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--global-batch-size", type=int, default=64)
-    ap.add_argument("--group-cost-tokens", type=float, default=2048)
-    ap.add_argument("--pad-to-multiple-of", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--step-overhead", type=float, default=DEFAULT_STEP_OVERHEAD_S,
+                    help="fixed seconds per optimiser step (all-reduce, launch)")
+    ap.add_argument("--gpus", type=int, nargs="+", default=[4, 8], help="GPU counts to compare")
+    ap.add_argument("--global-batch-size", type=int, default=64, help="examples per optimiser step")
+    ap.add_argument("--group-cost-tokens", type=float, default=2048,
+                    help="micro-batch fixed cost in tokens (length grouping)")
+    ap.add_argument("--pad-to-multiple-of", type=int, default=8, help="padding granularity")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the simulated pool")
     a = ap.parse_args(argv)
     rng = np.random.default_rng(a.seed)
     w = 1.0 / np.arange(1, a.clusters + 1)

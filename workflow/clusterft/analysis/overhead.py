@@ -405,10 +405,10 @@ def markdown(table: pd.DataFrame, proj: pd.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("workdir", type=Path)
-    ap.add_argument("--budget", type=float, default=0.31)
-    ap.add_argument("--method", default="cluster")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    ap.add_argument("workdir", type=Path, help="the workflow's working directory (holds results/)")
+    ap.add_argument("--budget", type=float, default=0.31, help="the method's budget (default 0.31)")
+    ap.add_argument("--method", default="cluster", help="the selection method to cost (default cluster)")
     ap.add_argument("--out", type=Path, default=None, help="write selection_overhead.* here")
     a = ap.parse_args(argv)
     table = overhead_table(read_benchmarks(a.workdir / "benchmarks" / "out"), a.method,

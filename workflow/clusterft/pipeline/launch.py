@@ -190,12 +190,14 @@ def job_nodelist(job_id: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clusterft.pipeline.launch",
-                                 description="print a train job's launch details")
+                                 description="print a train job's launch details",
+                                 allow_abbrev=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("endpoint", help="host:port of this SLURM job's c10d rendezvous")
-    cmd = sub.add_parser("command", help="the launcher words for a job (under SLURM: resolved)")
-    cmd.add_argument("--gpus", type=int, required=True)
-    cmd.add_argument("--gpus-per-node", type=int, default=0)
+    sub.add_parser("endpoint", allow_abbrev=False, help="host:port of this SLURM job's c10d rendezvous")
+    cmd = sub.add_parser("command", allow_abbrev=False, help="the launcher words for a job (under SLURM: resolved)")
+    cmd.add_argument("--gpus", type=int, required=True, help="ranks (GPUs) of the job in all")
+    cmd.add_argument("--gpus-per-node", type=int, default=0,
+                     help="ranks per node; 0: all on one node (default 0)")
     cmd.add_argument("--gpu", action="store_true", help="ranks use GPUs (srun --gpus-per-node)")
     args = ap.parse_args(argv)
     try:

@@ -184,14 +184,14 @@ def topics(src: str | None = None) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clusterft.pools.stdlib_snapshot",
-                                 description=__doc__.split("\n\n")[0])
+                                 description=__doc__.split("\n\n")[0], allow_abbrev=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="write <out>/python-<python>-stdlib.tar.xz + .json")
+    b = sub.add_parser("build", allow_abbrev=False, help="write <out>/python-<python>-stdlib.tar.xz + .json")
     b.add_argument("--stdlib", required=True, help="a stdlib folder (lib/python3.X)")
     b.add_argument("--python", default=platform.python_version(),
                    help="its Python version (default: the running one)")
     b.add_argument("--out", default=str(RESOURCES), help="output folder")
-    sub.add_parser("verify", help="check the shipped snapshot")
+    sub.add_parser("verify", allow_abbrev=False, help="check the shipped snapshot")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         archive, manifest, sha = build(a.stdlib, a.out, a.python)
