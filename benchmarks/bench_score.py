@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -115,6 +116,15 @@ def bench_grads(repeats: int, smoke: bool = False) -> list[tuple[str, float]]:
     return [(label, loop / sec) for label, sec, _ in rows[1:]]
 
 
+def tokenizer_texts() -> list[str]:
+    """The score stage's own source (every file of its package), three times: local text of
+    the size the benchmarks' tokenizers were trained on when the stage was one file."""
+    from clusterft.stages import score
+
+    files = sorted(Path(score.__file__).parent.glob("*.py"))
+    return [line for f in files for line in f.read_text(encoding="utf-8").splitlines(True)] * 3
+
+
 def synthetic_pool(n: int, seed: int = 0) -> list[dict]:
     """Instruction/response pairs of roughly 60-100 tokens with the project's prompt format."""
     import random
@@ -133,8 +143,6 @@ def synthetic_pool(n: int, seed: int = 0) -> list[dict]:
 
 
 def bench_end_to_end(n: int, target: int, sizes: list[str]) -> None:
-    import inspect
-
     import numpy as np
 
     from clusterft.stages import score
@@ -142,8 +150,7 @@ def bench_end_to_end(n: int, target: int, sizes: list[str]) -> None:
     from clusterft.stages.models import build_model, count_params, train_tokenizer
     from clusterft.modeling.tokenize import encode_example
 
-    texts = inspect.getsource(score).splitlines(keepends=True) * 3
-    tok = train_tokenizer(texts, 2048, None, seed=0)
+    tok = train_tokenizer(tokenizer_texts(), 2048, None, seed=0)
     pool = synthetic_pool(n)
     lengths = [encode_example(tok, r["messages"], 256)["length"] for r in pool]
     print(f"\nend to end: compute_features on {n} synthetic examples "

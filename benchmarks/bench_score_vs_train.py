@@ -1,11 +1,11 @@
 """Scoring cost per example against one training step's cost per example (issue 14, item 2:
 target <= 1.5x), side by side in one process on the same model, data and threads.
 
-Score: ``clusterft.stages.score.compute_features_info`` (the score stage: LoRA warm-up with the
+Score: ``clusterft.stages.score.compute_features_info`` (the score stage: LoRA warm-up, the
 loss-trajectory passes, then the per-example gradient pass and projection) with
 ``score.projection`` rademacher (dense) and kronecker; its seconds per pool example with the
-warm-up (``score.warmup_lora``: LoRA steps and loss passes) excluded and included (the
-whole call). Train:
+warm-up (``score.warmup.warmup_lora``: LoRA steps, and ``pool_losses``: the loss passes)
+excluded and included (the whole call). Train:
 ``clusterft.stages.train.train_loop`` (the train stage's loop: micro-batched forward/backward,
 clipping, AdamW, schedule) for ``--epochs`` epochs over the same examples; its seconds per
 example trained (loop seconds / (steps x global batch)). Both with the embedded default's
@@ -54,15 +54,11 @@ SMOKE_SIZE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2
 def setup(size: str, n: int, smoke: bool):
     """(tokenizer, model, pool records, score section, train section) of the embedded
     default (smoke: a tiny model, few warm-up steps)."""
-    import inspect
-
-    from bench_score import synthetic_pool
-    from clusterft.stages import score
+    from bench_score import synthetic_pool, tokenizer_texts
     from clusterft.stages.models import build_model, train_tokenizer
 
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    texts = inspect.getsource(score).splitlines(keepends=True) * 3
-    tok = train_tokenizer(texts, 512 if smoke else int(cfg["tokenizer"]["vocab_size"]), None,
+    tok = train_tokenizer(tokenizer_texts(), 512 if smoke else int(cfg["tokenizer"]["vocab_size"]), None,
                           seed=0)
     model = build_model(tok, SMOKE_SIZE if smoke else cfg["models"][size]["size"], seed=0)
     score_cfg = dict(cfg.get("score") or {})
@@ -76,17 +72,19 @@ def setup(size: str, n: int, smoke: bool):
 def time_score(model, tok, pool, score_cfg: dict, projection: str, threads: int,
                sparse_logits: bool = True) -> dict:
     """Wall and CPU seconds of the whole stage call, of its warm-up (``warmup_lora``, the
-    LoRA steps and the loss passes) and of the loss passes in it (``pool_losses``), each
-    timed by wrapping the function for this call. ``method`` is the whole call less the
-    loss passes: the warm-up's LoRA steps and the gradient pass, what the method itself
-    needs (the loss passes are S2L's trajectories)."""
+    LoRA steps, plus the loss passes) and of the loss passes (``pool_losses``, run by the
+    gradient pass from the warm-up's snapshots), each timed by wrapping the function, where
+    ``clusterft.stages.score.warmup`` looks it up, for this call. ``method`` is the whole
+    call less the loss passes: the warm-up's LoRA steps and the gradient pass, what the
+    method itself needs (the loss passes are S2L's trajectories)."""
     from clusterft.stages import score
+    from clusterft.stages.score import warmup as score_warmup
 
     cfg = {**score_cfg, "projection": projection, "num_threads": threads,
            "sparse_logits": sparse_logits}
     m = copy.deepcopy(model)
     spent = {"warmup": [0.0, 0.0], "losses": [0.0, 0.0]}
-    inner = {"warmup": score.warmup_lora, "losses": score.pool_losses}
+    inner = {"warmup": score_warmup.warmup_lora, "losses": score_warmup.pool_losses}
 
     def timed(key: str):
         def call(*args, **kwargs):
@@ -98,16 +96,17 @@ def time_score(model, tok, pool, score_cfg: dict, projection: str, threads: int,
                 spent[key][1] += time.process_time() - c0
         return call
 
-    score.warmup_lora, score.pool_losses = timed("warmup"), timed("losses")
+    score_warmup.warmup_lora, score_warmup.pool_losses = timed("warmup"), timed("losses")
     try:
         w0, c0 = time.perf_counter(), time.process_time()
         _, _, _, info = score.compute_features_info(m, tok, pool, cfg, seed=0)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     finally:
-        score.warmup_lora, score.pool_losses = inner["warmup"], inner["losses"]
-    return {"total": wall, "warmup": spent["warmup"][0], "losses": spent["losses"][0],
-            "gradients": wall - spent["warmup"][0], "method": wall - spent["losses"][0],
-            "total_cpu": cpu, "gradients_cpu": cpu - spent["warmup"][1],
+        score_warmup.warmup_lora, score_warmup.pool_losses = inner["warmup"], inner["losses"]
+    warm = [spent["warmup"][i] + spent["losses"][i] for i in (0, 1)]  # LoRA steps + losses
+    return {"total": wall, "warmup": warm[0], "losses": spent["losses"][0],
+            "gradients": wall - warm[0], "method": wall - spent["losses"][0],
+            "total_cpu": cpu, "gradients_cpu": cpu - warm[1],
             "method_cpu": cpu - spent["losses"][1],
             "steps": info["warmup_steps"], "lora_dim": info["lora_dim"]}
 

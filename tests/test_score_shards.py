@@ -1,4 +1,4 @@
-"""Sharded scoring (score.shards; clusterft.stages.score's section "sharded scoring") on the tiny real Llama: one warm-up,
+"""Sharded scoring (score.shards; clusterft.stages.score.entry) on the tiny real Llama: one warm-up,
 N shards and the merge write the same bytes as one score job; shards cover the pool once;
 shards of another warm-up are refused; the workflow plans one warm-up and N shard jobs."""
 
@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from clusterft.stages import score as sh
+from clusterft.stages.score import entry as score_entry
 from clusterft.cli import main as cli_main
 from clusterft.pipeline.errors import InputError
 from clusterft.pipeline.io import write_jsonl
@@ -182,7 +183,7 @@ def test_killed_warmup_and_shard_resume_to_the_same_files(tmp_path, tiny_model_d
     pool, targets = inputs
     w2 = tmp_path / "warmup.safetensors"
     with monkeypatch.context() as m:
-        m.setattr(sh, "Checkpoints", _killing("warmup.pt", 1))  # after checkpoint 1 of 2
+        m.setattr(score_entry, "Checkpoints", _killing("warmup.pt", 1))  # after checkpoint 1 of 2
         with pytest.raises(Killed):
             sh.run_score_warmup(tiny_model_dir, pool, CFG, w2, seed=0)
     assert not w2.exists() and (tmp_path / "warmup.safetensors.ckpt" / "warmup.pt").exists()
@@ -192,7 +193,8 @@ def test_killed_warmup_and_shard_resume_to_the_same_files(tmp_path, tiny_model_d
     cfg, ref = _shards(tiny_model_dir, pool, targets, warmup, tmp_path / "ref", 2)
     out = tmp_path / "shard0.npz"
     with monkeypatch.context() as m:
-        m.setattr(sh, "Checkpoints", _killing("gradients.pt", 4))  # inside checkpoint 2's pass
+        # killed inside checkpoint 2's pass
+        m.setattr(score_entry, "Checkpoints", _killing("gradients.pt", 4))
         with pytest.raises(Killed):
             sh.run_score_shard(tiny_model_dir, pool, warmup, cfg, 0, out, seed=0, targets=targets)
     assert not out.exists()

@@ -1,8 +1,16 @@
-"""Kronecker-structured random projection of per-example weight gradients (LoGra, Choe et
-al. 2024), ``score.projection: kronecker``.
+"""The random projections of per-example gradients to ``dim`` features: the dense one
+(``score.projection: rademacher | gaussian``, :class:`Projector`) and the
+Kronecker-structured one (LoGra, Choe et al. 2024, ``score.projection: kronecker``,
+:class:`KroneckerProjector`); :func:`make_projector` builds the one a config names.
 
-The per-example gradient of a linear layer's weight is a sum of outer products,
-``dW = sum_t dy_t x_t^T`` [d_out, d_in] (``x``: the layer's input, ``dy``: the gradient of
+**Dense.** A seeded [D, dim] matrix (Rademacher +-1/sqrt(dim) or Gaussian N(0, 1/dim)),
+generated in fixed chunks of rows from ``numpy.random.default_rng([seed, chunk])`` so every
+machine builds the same matrix, maps the flattened LoRA gradient (D values) to ``dim``
+(``E|Pg|^2 = |g|^2``). Its cost grows with ``D * dim``, which is why the Kronecker form
+exists:
+
+**Kronecker.** The per-example gradient of a linear layer's weight is a sum of outer
+products, ``dW = sum_t dy_t x_t^T`` [d_out, d_in] (``x``: the layer's input, ``dy``: the gradient of
 its output, ``t`` over the tokens). A projection with the Kronecker structure
 ``P = P_out (x) P_in`` maps it to the [k_out, k_in] block
 
@@ -60,6 +68,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from clusterft.pipeline.errors import InputError
+from clusterft.stages.score.gradients import lora_parameters
+from clusterft.stages.score.settings import DENSE_PROJECTIONS, PROJECTION_CHUNK_ROWS
 
 # Part of the definition of the factor matrices: layer l's P_out is drawn from
 # numpy.random.default_rng([seed, KRONECKER_STREAM, l, 0]), its P_in from [..., l, 1].
@@ -220,3 +230,76 @@ class KroneckerProjector:
                 w = self.p_out[i].T @ w
             parts.append(w.reshape(g.shape[0], -1)[:, :p.keep])
         return self.finish(parts)
+
+
+class Projector:
+    """Seeded dense random projection R^D -> R^dim, identical on every machine.
+
+    Row chunk c (rows ``c*4096 ...``) of the [D, dim] float32 matrix is drawn from
+    ``numpy.random.default_rng([seed, c])``: Rademacher +-1/sqrt(dim) or Gaussian
+    N(0, 1/dim), so ``E|Pg|^2 = |g|^2``. Chunks are cached up to ``cache_bytes`` and
+    regenerated on the fly beyond that.
+    """
+
+    def __init__(self, d: int, dim: int, seed: int, kind: str = "rademacher",
+                 device: str = "cpu", cache_bytes: int = 1 << 30) -> None:
+        if kind not in DENSE_PROJECTIONS:
+            raise InputError(f"unknown dense projection '{kind}'; valid: "
+                             f"{', '.join(DENSE_PROJECTIONS)} (kronecker: "
+                             "clusterft.stages.score.projection.KroneckerProjector)",
+                             field="score.projection")
+        if seed < 0:
+            raise InputError(f"seed must be >= 0, got {seed}", field="seed")
+        self.d, self.dim, self.seed, self.kind, self.device = int(d), int(dim), int(seed), kind, device
+        self.n_chunks = math.ceil(self.d / PROJECTION_CHUNK_ROWS)
+        self.cache = 4 * self.d * self.dim <= cache_bytes
+        self._chunks: dict[int, Any] = {}
+
+    def chunk(self, c: int):
+        """Rows ``[c*4096, min(D, (c+1)*4096))`` of the matrix as a float32 tensor."""
+        import torch
+
+        if c in self._chunks:
+            return self._chunks[c]
+        rows = min(self.d, (c + 1) * PROJECTION_CHUNK_ROWS) - c * PROJECTION_CHUNK_ROWS
+        rng = np.random.default_rng([self.seed, c])
+        scale = np.float32(1.0 / math.sqrt(self.dim))
+        if self.kind == "rademacher":
+            m = (rng.integers(0, 2, size=(rows, self.dim), dtype=np.int8) * 2 - 1).astype(np.float32)
+        else:
+            m = rng.standard_normal(size=(rows, self.dim), dtype=np.float32)
+        t = torch.from_numpy(m * scale).to(self.device)
+        if self.cache:
+            self._chunks[c] = t
+        return t
+
+    def matrix(self):
+        """The whole [D, dim] matrix (for tests and small D)."""
+        import torch
+
+        return torch.cat([self.chunk(c) for c in range(self.n_chunks)], dim=0)
+
+    def __call__(self, g):
+        """Project gradients [B, D] -> [B, dim] (float32)."""
+        if g.shape[1] != self.d:
+            raise ValueError(f"gradient has {g.shape[1]} columns, projector expects {self.d}")
+        g = g.float()
+        out = None
+        for c in range(self.n_chunks):
+            lo = c * PROJECTION_CHUNK_ROWS
+            part = g[:, lo:lo + PROJECTION_CHUNK_ROWS] @ self.chunk(c)
+            out = part if out is None else out + part
+        return out
+
+
+def make_projector(model, cfg: dict, seed: int, device: Any = "cpu"):
+    """The projection ``cfg["projection"]`` names for ``model``'s LoRA parameters: a dense
+    :class:`Projector` [D, dim], or a :class:`KroneckerProjector` over their
+    shapes (in ``lora_parameters`` order)."""
+    params = lora_parameters(model)
+    if cfg["projection"] == "kronecker":
+        return KroneckerProjector([tuple(p.shape) for _, p in params], int(cfg["dim"]), seed,
+                                  device)
+    return Projector(sum(p.numel() for _, p in params), int(cfg["dim"]), seed,
+                     cfg["projection"], device)
+
