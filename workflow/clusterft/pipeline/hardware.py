@@ -3,7 +3,7 @@ Snakemake parses the workflow, where importing torch would cost seconds).
 
 bf16 autocast is fast on a CPU only where it computes bfloat16 natively (AVX512-BF16 or AMX
 on x86, the BF16 extension on Arm); elsewhere oneDNN emulates it, many times slower than
-fp32 (README, "CPUs, precision and reproducibility"). ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` cap the kernels torch may use: a CPU
+fp32 (docs/cpus_and_precision.md). ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` cap the kernels torch may use: a CPU
 with native bf16 run under ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` takes the
 same kernels as one without, so it counts as non-native here too.
 """

@@ -39,7 +39,7 @@ DEFAULTS: dict[str, Any] = {
     # the same run on another CPU (other float kernels) gives another model, and with few
     # seeds the seed standard error can come out near zero by chance. 0.02: the SD of a cell's
     # seed mean between the native and the forced-AVX2 path of the embedded default, rounded
-    # up (README, "CPUs, precision and reproducibility").
+    # up (docs/cpus_and_precision.md).
     "min_se": 0.02,
     # Resolution of the PNG plots.
     "dpi": 110,

@@ -28,6 +28,7 @@ from typing import Any, Mapping
 
 from clusterft.tasks.registry import TASKS, check_item, tasks_for_dataset, val_file
 from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.pace import bars_only_on_terminal
 from clusterft.pipeline import provenance
 from clusterft.pipeline.io import set_offline_env, write_json, write_jsonl, write_parquet
 from clusterft.pools.poolfile import check_unique, load_pool, validate_example, write_pool
@@ -116,7 +117,8 @@ def load_hf_pool(hf_dataset: str, columns: Mapping[str, str], split: str = "trai
 
     where = f"{hf_dataset}[{split}]"
     try:
-        ds = datasets.load_dataset(hf_dataset, hf_config, split=split, data_files=data_files)
+        with bars_only_on_terminal():  # datasets' own bars stay out of the rule's log
+            ds = datasets.load_dataset(hf_dataset, hf_config, split=split, data_files=data_files)
     except Exception as e:  # datasets raises many types (FileNotFoundError, ConnectionError...)
         raise InputError(f"could not load the dataset ({type(e).__name__}: {e}); offline runs "
                          "need a local path or a cached dataset", path=where,
