@@ -31,5 +31,5 @@ include: "workflow/rules/report.smk"
 rule all:
     default_target: True
     input:
-        report_outputs(),
+        PLAN.report_outputs(),
         CONTAMINATION_TABLE,

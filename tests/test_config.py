@@ -290,3 +290,79 @@ def test_every_rule_has_log_benchmark_conda_and_resources() -> None:
                 continue
             for key in ("log:", "benchmark:", "conda:", "threads:", "resources:"):
                 assert f"\n    {key}" in block, f"{smk.name}: rule {m.group(1)} has no {key}"
+
+
+def test_nested_config_overrides_are_typed_by_the_schema() -> None:
+    """Snakemake hands nested --config values over as text: each becomes the type the
+    schema (or the stage's DEFAULTS) wants where it reads as one; the rest stay text."""
+    from clusterft.plan.config import coerce_overrides
+
+    overrides = {"score": {"shards": "3", "device": "cpu"},
+                 "sweep": {"budgets": ["0.25", "0.5"], "accuracy": {"fuse_seeds": "false"},
+                           "time": {"epochs": "null"}},
+                 "train": {"global_batch_size": "16", "lr": "1e-4"},
+                 "datasets": {"skills": {"n": "300"}}}
+    cfg = base()
+    for key, value in overrides.items():  # what Snakemake's update_config does
+        for k, v in value.items():
+            if isinstance(v, dict) and isinstance(cfg[key].get(k), dict):
+                cfg[key][k].update(v)
+            else:
+                cfg[key][k] = v
+    coerce_overrides(cfg, overrides)
+    assert cfg["score"]["shards"] == 3 and cfg["score"]["device"] == "cpu"
+    assert cfg["sweep"]["budgets"] == [0.25, 0.5]
+    assert cfg["sweep"]["accuracy"]["fuse_seeds"] is False
+    assert cfg["sweep"]["time"]["epochs"] is None
+    assert cfg["train"]["global_batch_size"] == 16 and cfg["train"]["lr"] == 1e-4
+    assert cfg["datasets"]["skills"]["n"] == 300
+    validate_schema(cfg)
+
+
+def test_a_bad_override_names_config_not_a_file_line() -> None:
+    from clusterft.plan.config import prepare
+
+    cfg = base()
+    cfg["score"]["shards"] = "three"
+    with pytest.raises(InputError) as e:
+        prepare(cfg, str(ROOT / "config" / "config.yaml"),
+                overrides={"score": {"shards": "three"}}, warn=lambda m: None)
+    msg = str(e.value)
+    assert msg.startswith("--config, field 'score.shards': must be an integer, got 'three'")
+    assert "line" not in msg.split(":")[0] and """--config 'score={"shards": 3}'""" in msg
+    # the same value written in the file: the file's line, as before
+    with pytest.raises(InputError, match=r"config\.yaml, line \d+, field 'score\.shards'"):
+        prepare(base() | {"score": {"shards": "three"}}, str(ROOT / "config" / "config.yaml"),
+                warn=lambda m: None)
+
+
+def test_the_decontaminate_defaults_are_the_stage_s() -> None:
+    """Written once, in the stage module: the schema gets them from there."""
+    from clusterft.plan.config import SCHEMA, schema
+    from clusterft.stages.data import decontaminate
+
+    tasks = schema()["properties"]["tasks"]["properties"]
+    assert tasks["decontaminate"]["default"] == decontaminate.DEFAULTS["action"]
+    assert tasks["max_overlap"]["default"] == decontaminate.DEFAULTS["max_overlap"]
+    raw = yaml.safe_load(SCHEMA.read_text())["properties"]["tasks"]["properties"]
+    assert "default" not in raw["decontaminate"] and "default" not in raw["max_overlap"]
+
+
+def test_nested_config_override_in_a_dry_run(tmp_path: Path) -> None:
+    """`--config 'score={"shards": 3}'` plans three score_shard jobs per score run; a value
+    that is no integer stops the dry run naming --config and how to write it."""
+    args = ("-n", "-F", "--quiet", "rules", "--directory", str(tmp_path),
+            "--configfile", str(ROOT / ".test" / "config.yaml"))
+    out = _snakemake(*args, "--config", 'score={"shards": 3}', cwd=tmp_path)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    counts = {}
+    for line in (out.stdout + out.stderr).split("Job stats:")[-1].splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            counts[parts[0]] = int(parts[1])
+    assert counts["score_shard"] == 3 * counts["score"] == 3 * counts["score_warmup"] > 0
+    out = _snakemake(*args, "--config", 'score={"shards": "3x"}', cwd=tmp_path)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "--config, field 'score.shards': must be an integer, got '3x'" in text
+    assert """--config 'score={"shards": 3}'""" in text and "config.yaml, line" not in text

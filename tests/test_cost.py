@@ -146,3 +146,22 @@ def test_fused_seed_jobs_cost_what_their_seeds_cost_apart(tmp_path: Path) -> Non
     assert fused["evaluate_seeds"]["gpu_hours"] == pytest.approx(apart["evaluate"]["gpu_hours"],
                                                                  rel=1e-9)
     assert fused["total"]["gpu_hours"] == pytest.approx(apart["total"]["gpu_hours"], rel=1e-9)
+
+
+def test_the_jobs_come_from_the_plan_without_running_snakemake(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """The job list is clusterft.plan.sweep's (no snakemake run); it equals the dry run's,
+    rule and wildcards, job for job."""
+    config = small_config(tmp_path / "small.yaml")
+    dry = cost.dry_run_jobs(config)
+
+    def no_snakemake(*args, **kwargs):
+        raise AssertionError("the cost tool ran a subprocess")
+
+    monkeypatch.setattr(cost.subprocess, "run", no_snakemake)
+    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    planned = cost.plan_jobs(cfg)
+    key = lambda jobs: sorted((j["rule"], sorted(j["wildcards"].items())) for j in jobs)  # noqa: E731
+    assert key(planned) == key(dry)
+    table = cost.run_cost(config, tmp_path / "cost", {"codealpaca": 104}, None)
+    assert table[-1]["jobs"] == len(dry)

@@ -4,7 +4,7 @@
 
 rule cluster:
     input:
-        unpack(cluster_inputs),
+        unpack(JOBS.cluster_inputs),
     output:
         clusters="results/cluster/{dataset}/{model}/{kind}/s{seed}/clusters.parquet",
         centroids="results/cluster/{dataset}/{model}/{kind}/s{seed}/centroids.npy",

@@ -1,5 +1,6 @@
 # Embedded data: instruction pools + held-out benchmark items per dataset, and the
 # general corpus (disjoint from both) for the tokenizer and base-model pretraining.
+CONTAMINATION_TABLE = "results/tables/contamination.csv"
 
 
 rule prepare_data:
@@ -19,7 +20,7 @@ rule prepare_data:
         mem_mb=2000,
         runtime=30,
     params:
-        cfg=dataset_cfg,
+        cfg=JOBS.dataset_cfg,
         seed=config["data_seed"],
     script:
         "../scripts/prepare_data.py"
@@ -46,7 +47,7 @@ rule decontaminate:
         mem_mb=2000,
         runtime=30,
     params:
-        cfg=decontaminate_cfg,
+        cfg=JOBS.decontaminate_cfg,
     script:
         "../scripts/decontaminate.py"
 

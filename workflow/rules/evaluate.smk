@@ -2,6 +2,7 @@
 # default; named lm-eval tasks with config/paper.yaml). With evaluate.shards > 1 each run's
 # tasks are evaluated in that many jobs (evaluate_shard) and merged (evaluate) into the
 # same outputs.
+EVAL = CFG["evaluate"]
 EVAL_GPUS = EVAL["gpus"] if USE_GPU else 0
 SHARD = "shards/{shard}-of-{nshards}"
 
@@ -75,7 +76,7 @@ else:
             runtime=120,
             gpu=EVAL_GPUS,
         params:
-            tasks=eval_shard_tasks,
+            tasks=JOBS.eval_shard_tasks,
             cfg=section("evaluate"),
         script:
             "../scripts/evaluate.py"
@@ -97,7 +98,7 @@ else:
     # The shards merged into the outputs one evaluate job writes (CPU only, seconds).
     rule evaluate:
         input:
-            unpack(eval_shards(f"results/eval/{RUN}")),
+            unpack(JOBS.eval_shards(f"results/eval/{RUN}")),
             task_items=task_item_dirs,
         output:
             results=f"results/eval/{RUN}/results.json",
@@ -123,7 +124,7 @@ else:
 
     use rule evaluate as evaluate_base with:
         input:
-            unpack(eval_shards("results/eval/{dataset}/{model}/base")),
+            unpack(JOBS.eval_shards("results/eval/{dataset}/{model}/base")),
             task_items=task_item_dirs,
         output:
             results="results/eval/{dataset}/{model}/base/results.json",

@@ -42,7 +42,7 @@ rule base_model:
         mem_mb=8000,
         runtime=120,
     params:
-        cfg=base_model_cfg,
+        cfg=JOBS.base_model_cfg,
         allow_downloads=config["allow_downloads"],
         seed=config["data_seed"],
     script:

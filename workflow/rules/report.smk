@@ -1,39 +1,16 @@
 # Tables, plots and findings from the result files (no model is loaded here).
 from clusterft.pipeline.names import CLUSTER
-from clusterft.stages.report import DEFAULTS as REPORT_DEFAULTS
+from clusterft.plan.sweep import REPORT_PLOTS, REPORT_TABLES
 
 # The `benchmark:` files selection_overhead reads (clusterft.analysis.overhead): the method's score,
 # cluster, select and train jobs at the claim budget and the full-data train jobs beside
 # them; inputs of the report so that Snakemake finishes those jobs first.
-OVERHEAD_BUDGET = budget_label(
-    section("report").get("claim_budget", REPORT_DEFAULTS["claim_budget"])
-)
-OVERHEAD_RUNS = [
-    (r, {**r, "method": FULL, "budget": budget_label(1.0)})
-    for r in unique(ACCURACY_RUNS + TIME_RUNS)
-    if r["method"] == CLUSTER and r["budget"] == OVERHEAD_BUDGET
-]
-OVERHEAD_BENCHMARKS = sorted(
-    {
-        path
-        for r, full in OVERHEAD_RUNS
-        if full in ACCURACY_RUNS + TIME_RUNS
-        for path in (
-            train_benchmark(r),
-            train_benchmark(full),
-            "benchmarks/out/score/{dataset}/{model}/s{seed}.tsv".format(**r),
-            "benchmarks/out/cluster/{dataset}/{model}/gradient/s{seed}.tsv".format(**r),
-            "benchmarks/out/select/{dataset}/{model}/{method}-{budget}/s{seed}.tsv".format(
-                **r
-            ),
-        )
-    }
-)
+OVERHEAD_BENCHMARKS = PLAN.overhead_benchmarks(CLUSTER, CFG["report"]["claim_budget"])
 
 
 rule report:
     input:
-        **report_inputs(),
+        **PLAN.report_inputs(),
         benchmarks=OVERHEAD_BENCHMARKS,
     output:
         tables=[
@@ -67,7 +44,7 @@ rule report:
                 category="Plots",
                 subcategory=d,
             )
-            for p in ("accuracy_vs_data", "time")
+            for p in REPORT_PLOTS
             for d in DATASETS
         ],
         runs="results/tables/runs.csv",
@@ -90,8 +67,8 @@ rule report:
         mem_mb=2000,
         runtime=10,
     params:
-        runs=run_records(),
-        clusterings=cluster_records(),
+        runs=PLAN.run_records(),
+        clusterings=PLAN.cluster_records(),
         labels={d: f"results/data/{d}/labels.parquet" for d in DATASETS},
         cfg=section("report"),
     script:

@@ -6,8 +6,10 @@
 # warm-up once, score.shards score_shard jobs (one GPU each) compute consecutive runs of
 # the gradient pass's batches, and score merges them into the same files, bit for bit.
 
-SCORE_DIR = "results/score/{dataset}/{model}/s{seed}"
-SCORE_DEVICE = str(config.get("score", {}).get("device", "auto"))
+from clusterft.plan.inputs import SCORE_DIR, SCORE_SHARD, SCORE_WARMUP
+
+SCORE_SHARDS = JOBS.score_shards
+SCORE_DEVICE = str(CFG["score"]["device"])
 # One GPU per job that runs the model (the warm-up, each shard, or the one score job):
 # score.device cuda, or auto where the training runs on GPUs (train.device: cuda).
 SCORE_GPU = int(SCORE_DEVICE.startswith("cuda") or (SCORE_DEVICE == "auto" and USE_GPU))
@@ -35,8 +37,8 @@ rule score_warmup:
         runtime=240,
         gpu=SCORE_GPU,
     params:
-        cfg=score_warmup_cfg,
-        length_policy=length_policy,
+        cfg=JOBS.score_warmup_cfg,
+        length_policy=JOBS.length_policy,
     script:
         "../scripts/score_warmup.py"
 
@@ -69,7 +71,7 @@ rule score_shard:
 
 rule score:
     input:
-        unpack(score_inputs),
+        unpack(JOBS.score_inputs),
     output:
         features=f"{SCORE_DIR}/features.npy",
         scores=f"{SCORE_DIR}/scores.parquet",
@@ -89,7 +91,7 @@ rule score:
         gpu=SCORE_GPU if SCORE_SHARDS == 1 else 0,
     params:
         cfg=section("score"),
-        length_policy=length_policy,
+        length_policy=JOBS.length_policy,
         tasks=eval_tasks,
     script:
         "../scripts/score.py"

@@ -4,7 +4,7 @@
 
 rule select:
     input:
-        unpack(select_inputs),
+        unpack(JOBS.select_inputs),
     output:
         selection="results/select/{dataset}/{model}/{method}-{budget}/s{seed}/selection.parquet",
         summary="results/select/{dataset}/{model}/{method}-{budget}/s{seed}/selection.json",
@@ -20,6 +20,6 @@ rule select:
         runtime=10,
     params:
         cfg=section("select"),
-        epochs=select_epochs,
+        epochs=JOBS.select_epochs,
     script:
         "../scripts/select.py"

@@ -26,21 +26,21 @@ rule train:
         ENV
     # One core per rank on each node, capped at --cores (--threads shares them among the
     # node's ranks, so jobs that run side by side do not oversubscribe the cores).
-    threads: lambda w: train_job(w)["ranks_per_node"]
+    threads: lambda w: JOBS.train_job(w)["ranks_per_node"]
     resources:
-        mem_mb=lambda w: 4000 * train_job(w)["ranks_per_node"],
+        mem_mb=lambda w: 4000 * JOBS.train_job(w)["ranks_per_node"],
         runtime=600,
-        gpu=lambda w: train_job(w)["gpu"],
+        gpu=lambda w: JOBS.train_job(w)["gpu"],
         # several nodes: sbatch --nodes, one task per node, the job's own srun ("mpi", so
         # Snakemake's SLURM job step runs the command as it is), GPUs per node; unset else
-        nodes=lambda w: train_job(w)["nodes"],
-        tasks=lambda w: train_job(w)["tasks"],
-        mpi=lambda w: train_job(w)["mpi"],
-        gres=lambda w: train_job(w)["gres"],
-        tasks_per_gpu=lambda w: train_job(w)["tasks_per_gpu"],
+        nodes=lambda w: JOBS.train_job(w)["nodes"],
+        tasks=lambda w: JOBS.train_job(w)["tasks"],
+        mpi=lambda w: JOBS.train_job(w)["mpi"],
+        gres=lambda w: JOBS.train_job(w)["gres"],
+        tasks_per_gpu=lambda w: JOBS.train_job(w)["tasks_per_gpu"],
     params:
-        launcher=train_launcher,
-        cfg=train_cfg,
+        launcher=JOBS.train_launcher,
+        cfg=JOBS.train_cfg,
     shell:
         "{params.launcher} -m clusterft.stages.train"
         " --model {input.model} --pool {input.pool} --selection {input.selection}"
@@ -75,10 +75,10 @@ if FUSE_SEEDS:
         resources:
             mem_mb=4000,
             runtime=600 * len(SEEDS),
-            gpu=lambda w: train_job(w)["gpu"],
+            gpu=lambda w: JOBS.train_job(w)["gpu"],
         params:
-            launcher=train_launcher,
-            cfg=train_seeds_cfg,
+            launcher=JOBS.train_launcher,
+            cfg=JOBS.train_seeds_cfg,
             seeds=SEEDS,
         shell:
             "{params.launcher} -m clusterft.stages.train"

@@ -1,3 +1,3 @@
-"""What a config asks for: loading, merging and checking it (`config`) and expanding it into
-the runs, result paths, report inputs and jobs of the workflow (`sweep`, for the rule files
-and the cost tool). Imports the helper layers and the stages' DEFAULTS and names."""
+"""What a config asks for: loading, merging and checking it (`config`), the sweep's runs,
+result paths, report inputs and jobs (`sweep`), and the rules' input and param functions
+(`inputs`); pure Python, no Snakemake."""

@@ -8,6 +8,7 @@ that must be defined, cluster counts against pool sizes), before any expensive s
 
 from __future__ import annotations
 
+import copy
 import re
 import warnings
 from pathlib import Path
@@ -42,10 +43,7 @@ def load_config(path: str | Path, validate: bool = True) -> dict:
     except yaml.YAMLError as e:
         raise InputError(f"malformed YAML: {e}", path=str(p)) from e
     if validate:
-        validate_schema(cfg, source=str(p))
-        check_config(cfg, source=str(p))
-        for msg in config_warnings(cfg, source=str(p)):
-            warnings.warn(msg, stacklevel=2)
+        prepare(cfg, source=str(p), warn=lambda msg: warnings.warn(msg, stacklevel=3))
     return cfg
 
 
@@ -100,6 +98,10 @@ def schema() -> dict:
     for node, names in named:
         node.pop("type", None)
         node["enum"] = list(names)
+    # Defaults the code owns (written once, in the stage module that reads them).
+    tasks = out["properties"]["tasks"]["properties"]
+    tasks["decontaminate"]["default"] = decontaminate.DEFAULTS["action"]
+    tasks["max_overlap"]["default"] = decontaminate.DEFAULTS["max_overlap"]
     return out
 
 
@@ -133,31 +135,232 @@ def validate_schema(cfg: dict, source: str = "config") -> None:
 def check_sections(cfg: dict) -> None:
     """Keys and types of each stage section, dataset and model override, against the
     DEFAULTS of the module that reads them (InputError naming the field)."""
-    from clusterft.stages import cluster
-    from clusterft.stages.data import corpus
     from clusterft.stages.data import prepare as data
     from clusterft.stages import evaluate
-    from clusterft.stages.features import representations as features
-    from clusterft.stages import models
     from clusterft.modeling import pretrain
-    from clusterft.stages import report
-    from clusterft.stages import score
-    from clusterft.stages import select
     from clusterft.stages import train
     from clusterft.pipeline.sections import check_keys
 
-    stages = {"corpus": corpus, "score": score, "features": features, "cluster": cluster,
-              "select": select,
-              "train": train, "evaluate": evaluate, "report": report}
-    for name, module in stages.items():
-        check_keys(module.DEFAULTS, cfg.get(name), name)
+    for name, defaults in stage_defaults().items():  # tokenizer included
+        check_keys(defaults, cfg.get(name), name)
     evaluate.merge_cfg(cfg.get("evaluate"))  # values too: shards, gpus, dtype, parallelize
-    check_keys(models.TOKENIZER_DEFAULTS, cfg.get("tokenizer"), "tokenizer")
     for name, m in (cfg.get("models") or {}).items():
         check_keys(pretrain.DEFAULTS, m.get("pretrain"), f"models.{name}.pretrain")
         check_keys(train.DEFAULTS, m.get("train"), f"models.{name}.train")
     for name, d in (cfg.get("datasets") or {}).items():
         data.merge_cfg(d["source"], d, name)
+
+
+def stage_defaults() -> dict[str, dict]:
+    """Each stage section's defaults: the DEFAULTS of the module that reads the section
+    (the one place a default is written; check_sections checks the keys against them)."""
+    from clusterft.stages import cluster, evaluate, models, report, score, select, train
+    from clusterft.stages.data import corpus
+    from clusterft.stages.features import representations as features
+
+    return {"corpus": corpus.DEFAULTS, "tokenizer": models.TOKENIZER_DEFAULTS,
+            "score": score.DEFAULTS, "features": features.DEFAULTS, "cluster": cluster.DEFAULTS,
+            "select": select.DEFAULTS, "train": train.DEFAULTS, "evaluate": evaluate.DEFAULTS,
+            "report": report.DEFAULTS}
+
+
+def fill_schema_defaults(cfg: dict) -> dict:
+    """Set the schema's `default:`s into `cfg` in place (as Snakemake's `validate` does:
+    a key with a default that the config leaves out gets it); returns `cfg`."""
+    import jsonschema
+
+    sch = schema()
+    base = jsonschema.validators.validator_for(sch)
+    props = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, node):
+        if isinstance(instance, dict):
+            for key, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(key, copy.deepcopy(sub["default"]))
+        yield from props(validator, properties, instance, node)
+
+    filler = jsonschema.validators.extend(base, {"properties": set_defaults})
+    for _ in filler(sch).iter_errors(cfg):
+        pass  # validate_schema reports errors; this only fills
+    return cfg
+
+
+def settings(cfg: dict) -> dict:
+    """The config as the workflow reads its values: a copy with the schema's defaults, every
+    stage section merged over its module's DEFAULTS (`stage_defaults`), `tasks` over the
+    decontaminate stage's, each model's train section (`model_train`: the train section with
+    the model's own overrides) and the sweep's optional groups written out (a group's models
+    default to every model). Jobs' params keep the config's own sections (the stages merge
+    their DEFAULTS), so a default changed in code does not count as a changed param."""
+    from clusterft.pipeline.sections import merged
+    from clusterft.stages.data import decontaminate
+    from clusterft.stages.evaluate import merge_cfg as evaluate_cfg
+
+    out = fill_schema_defaults(copy.deepcopy(cfg))
+    for name, defaults in stage_defaults().items():
+        out[name] = merged(copy.deepcopy(defaults), out.get(name) or {})
+    out["evaluate"] = evaluate_cfg(cfg.get("evaluate"))
+    action = {"decontaminate": decontaminate.DEFAULTS["action"],
+              "max_overlap": decontaminate.DEFAULTS["max_overlap"]}
+    out["tasks"] = {**action, **(out.get("tasks") or {})}
+    models = list(out["models"])
+    out["model_train"] = {m: merged(copy.deepcopy(out["train"]), spec.get("train") or {})
+                          for m, spec in out["models"].items()}
+    sweep = out["sweep"]
+    for group in ("curve", "baselines", "distribution_ablation"):
+        sweep[group] = {"methods": [], "budgets": [], "distribution": None, "models": models,
+                        **(sweep.get(group) or {})}
+    sweep["time"] = {"models": models, "epochs": None, **sweep["time"]}
+    return out
+
+
+def _kinds(cfg: dict, path: list[str]) -> set[str]:
+    """The JSON types the schema (or, in a stage section, the key's default in the stage's
+    DEFAULTS; in a dataset, its source's) gives config field `path` (empty: unknown)."""
+    node, sch = schema(), None
+    sch = node
+    for i, key in enumerate(path):
+        while "$ref" in node:
+            node = {**sch["$defs"][node["$ref"].split("/")[-1]],
+                    **{k: v for k, v in node.items() if k != "$ref"}}
+        if node.get("type") == "array" or "items" in node:
+            node = node.get("items") or {}
+            continue
+        props = node.get("properties") or {}
+        if key in props:
+            node = props[key]
+            continue
+        if isinstance(node.get("additionalProperties"), dict):
+            node = node["additionalProperties"]
+            continue
+        defaults = _section_defaults(cfg, path[:i])
+        for k in path[i:]:
+            defaults = defaults.get(k) if isinstance(defaults, dict) else None
+        return _default_kinds(defaults)
+    while "$ref" in node:
+        node = sch["$defs"][node["$ref"].split("/")[-1]]
+    kinds = node.get("type") or []
+    return {kinds} if isinstance(kinds, str) else set(kinds)
+
+
+def _section_defaults(cfg: dict, path: list[str]) -> dict:
+    """The DEFAULTS a section at `path` is checked against ({} where none)."""
+    from clusterft.modeling import pretrain
+    from clusterft.stages.data import prepare as data
+
+    stages = stage_defaults()
+    if len(path) == 1 and path[0] in stages:
+        return stages[path[0]]
+    if len(path) == 3 and path[0] == "models" and path[2] in ("train", "pretrain"):
+        return stages["train"] if path[2] == "train" else pretrain.DEFAULTS
+    if len(path) == 2 and path[0] == "datasets":
+        spec = (cfg.get("datasets") or {}).get(path[1]) or {}
+        return data.DEFAULTS.get(spec.get("source"), {})
+    return {}
+
+
+def _default_kinds(default: Any) -> set[str]:
+    if isinstance(default, bool):
+        return {"boolean"}
+    if isinstance(default, int):
+        return {"integer"}
+    if isinstance(default, float):
+        return {"number"}
+    if default is None:
+        return {"integer", "number", "boolean", "null"}  # a null default takes any value
+    return set()
+
+
+def _typed(text: str, kinds: set[str]) -> Any:
+    """`text` as the first of `kinds` it reads as cleanly (else `text` itself)."""
+    if "integer" in kinds and re.fullmatch(r"[+-]?[0-9]+", text):
+        return int(text)
+    if "number" in kinds and re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?",
+                                          text):
+        return int(text) if re.fullmatch(r"[+-]?[0-9]+", text) else float(text)
+    if "boolean" in kinds and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if "null" in kinds and text in ("null", "~"):
+        return None
+    return text
+
+
+def override_fields(overrides: dict | None, prefix: tuple = ()) -> list[tuple]:
+    """The leaf fields (key paths) a `--config` override sets."""
+    out = []
+    for k, v in (overrides or {}).items():
+        path = (*prefix, str(k))
+        out += override_fields(v, path) if isinstance(v, dict) and v else [path]
+    return out
+
+
+def coerce_overrides(cfg: dict, overrides: dict | None) -> None:
+    """Snakemake hands nested `--config` values over as text (`score={"shards": 3}` gives
+    score.shards '3'): each such value of `cfg` (in place) that reads cleanly as the type the
+    schema (or the stage's DEFAULTS) wants there becomes that type; the rest stay text for
+    the checks to name."""
+    for path in override_fields(overrides):
+        parent = cfg
+        for k in path[:-1]:
+            parent = parent.get(k) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict) or path[-1] not in parent:
+            continue
+        value, key = parent[path[-1]], path[-1]
+        if isinstance(value, str):
+            parent[key] = _typed(value, _kinds(cfg, list(path)))
+        elif isinstance(value, list):
+            kinds = _kinds(cfg, [*path, "0"])
+            parent[key] = [_typed(v, kinds) if isinstance(v, str) else v for v in value]
+
+
+def override_example(cfg: dict, field: str) -> str:
+    """A `--config` argument that sets `field` to a value of the type it wants, e.g.
+    --config 'score={"shards": 3}' (a list item's field: a one-item list)."""
+    import json
+
+    parts = re.findall(r"[^.\[\]]+", field)
+    kinds = _kinds(cfg, parts)
+    value: Any = (3 if "integer" in kinds else 0.5 if "number" in kinds
+                  else True if "boolean" in kinds else "VALUE")
+    if len(parts) == 1:
+        return f"--config {parts[0]}={json.dumps(value)}"
+    for part in reversed(parts[1:]):
+        value = [value] if part.isdigit() else {part: value}
+    return f"--config '{parts[0]}={json.dumps(value)}'"
+
+
+def _from_override(field: str | None, fields: list[tuple]) -> bool:
+    if not field:
+        return False
+    parts = tuple(re.findall(r"[^.\[\]]+", field))
+    return any(p[:len(parts)] == parts or parts[:len(p)] == p for p in fields)
+
+
+def prepare(cfg: dict, source: str = "config", overrides: dict | None = None,
+            warn: Any = None) -> dict:
+    """The workflow's one merge-and-validate step: `--config` overrides typed by the schema
+    (`coerce_overrides`), the schema and stage checks (`validate_schema`, `check_config`;
+    an error in a value an override set names `--config`, not a line of `source`), the
+    schema's defaults set into `cfg` (in place) and each warning passed to `warn`. Returns
+    `settings(cfg)`: every value the workflow reads, defaults from the stage modules."""
+    fields = override_fields(overrides)
+    coerce_overrides(cfg, overrides)
+    try:
+        validate_schema(cfg, source=source)
+        fill_schema_defaults(cfg)
+        check_config(cfg, source=source)
+    except InputError as e:
+        if not _from_override(e.field, fields):
+            raise
+        message = e.message.split(" (YAML reads a number")[0]  # a file's hint, not --config's
+        raise InputError(
+            f"{message} (set by --config; Snakemake hands a nested --config value over as "
+            "text, converted to the type the field wants where it reads as one: write it "
+            f"as {override_example(cfg, e.field)})", path="--config", field=e.field) from e
+    for msg in config_warnings(cfg, source=source):
+        (warn or (lambda m: warnings.warn(m, stacklevel=3)))(msg)
+    return settings(cfg)
 
 
 def count_records(path: str | Path, stop: int | None = None) -> int:
@@ -276,20 +479,22 @@ def config_warnings(cfg: dict, source: str = "config") -> list[str]:
 
 
 def check_shards(cfg: dict, source: str = "config") -> None:
-    """score.shards: an integer from 1 to every dataset's pool size (each score_shard job
-    gets at least one example's worth of the pool to split)."""
+    """score.shards against every dataset's pool size, at config time, by the rule the score
+    jobs apply to their pool (clusterft.stages.score.check_shards: an integer from 1 to the
+    pool size, so each score_shard job gets at least one example)."""
+    from clusterft.stages.score import check_shards as shards_rule
+
     shards = (cfg.get("score") or {}).get("shards", 1)
-    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-        raise config_error(f"score.shards must be an integer >= 1, got {shards!r}", source,
-                           "score.shards")
-    for name, d in cfg["datasets"].items():
-        n = d.get("n")
-        if n is None and d.get("source") == "jsonl" and d.get("path") and Path(d["path"]).is_file():
-            n = count_records(d["path"], stop=shards)
-            n = n if n < shards else None
-        if n is not None and shards > n:
-            raise config_error(f"score.shards = {shards} is larger than the pool of dataset "
-                               f"'{name}' ({n} examples)", source, "score.shards")
+    try:
+        shards_rule(shards)
+        for name, d in cfg["datasets"].items():
+            n = d.get("n")
+            if n is None and d.get("source") == "jsonl" and d.get("path") and Path(d["path"]).is_file():
+                n = count_records(d["path"], stop=shards)
+                n = n if n < shards else None
+            shards_rule(shards, n, f"the pool of dataset '{name}'")
+    except InputError as e:
+        raise config_error(e.message, source, "score.shards") from None
 
 
 def check_config(cfg: dict, source: str = "config") -> None:

@@ -3,10 +3,10 @@
     python -m clusterft.tools.cost --config config/paper.yaml [--out results/tables/cost]
         [--tokens-per-example DATASET=N ...] [--params MODEL=N ...] [--mfu 0.3]
 
-The jobs are the workflow's own: the command runs ``snakemake -n -F --configfile CONFIG``
-(a forced dry run, offline, a few seconds) and reads every job's rule, wildcards and
-resources from it, so the table counts exactly the jobs the sweep expansion of
-``workflow/rules/common.smk`` creates (checked against the dry run's own job-count table).
+The jobs are the workflow's own: ``clusterft.plan.sweep.Sweep.jobs`` lists every job's rule
+and wildcards from the config, the same sweep expansion the Snakefile builds its DAG from
+(no snakemake run; tests/test_sweep.py and tests/test_cost.py check the list against
+``snakemake -n -F --configfile CONFIG``, whose printout ``dry_run_jobs`` still reads).
 Each job's work is then estimated with ``clusterft.analysis.costmodel`` (its module docstring states
 the assumptions: FLOPs per token, utilisation, fixed per-step cost):
 
@@ -92,9 +92,18 @@ CPU_RULES_NOTE = "no GPU work"
 
 
 # ----------------------------------------------------------------------------- jobs
+def plan_jobs(cfg: dict) -> list[dict]:
+    """Every job of the workflow for config `cfg` (``clusterft.plan.sweep``): rule and
+    wildcards (as text, in the order of the rule's output path)."""
+    from clusterft.plan.sweep import Sweep
+
+    return Sweep(cfg).jobs()
+
+
 def dry_run_jobs(config: str | os.PathLike, snakefile: str | os.PathLike | None = None,
                  workdir: str | os.PathLike | None = None) -> list[dict]:
-    """Every job of ``snakemake -n -F --configfile config``: rule, wildcards, resources.
+    """Every job of ``snakemake -n -F --configfile config``: rule, wildcards, resources
+    (the independent check of ``plan_jobs``).
 
     Checked against the dry run's own per-rule job counts ("Job stats")."""
     snakefile = Path(snakefile or ROOT / "Snakefile")
@@ -204,7 +213,7 @@ def _built_params(m: dict) -> float:
     from clusterft.stages.models import DEFAULTS, size_config
 
     fields = size_config(m.get("size", "small"))
-    fields.setdefault("vocab_size", DEFAULTS.get("vocab_size", 2048))
+    fields.setdefault("vocab_size", DEFAULTS["vocab_size"])
     with torch.device("meta"):
         model = LlamaForCausalLM(LlamaConfig(**fields))
     return float(sum(p.numel() for p in model.parameters()))
@@ -218,19 +227,15 @@ class Estimator:
                  peak_flops: float = H100_BF16_FLOPS, mfu: float = DEFAULT_MFU,
                  step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
                  length_sigma: float = LENGTH_SIGMA) -> None:
-        from clusterft.stages.features import representations as features
-        from clusterft.stages import score
-        from clusterft.stages import train
-        from clusterft.pipeline.sections import merged
+        from clusterft.plan.config import settings
 
+        # every section over its stage's DEFAULTS (clusterft.plan.config.settings)
+        cfg = cfg if "model_train" in cfg else settings(cfg)
         self.cfg, self.tpe, self.params = cfg, tpe, params
         self.peak, self.mfu = peak_flops, mfu
         self.overhead, self.sigma = step_overhead_s, length_sigma
-        self.score = {**score.DEFAULTS, **(cfg.get("score") or {})}
-        self.features = {**features.DEFAULTS, **(cfg.get("features") or {})}
-        self.train = {m: {**train.DEFAULTS, **merged(cfg.get("train") or {},
-                                                     spec.get("train") or {})}
-                      for m, spec in cfg["models"].items()}
+        self.score, self.features = cfg["score"], cfg["features"]
+        self.train = cfg["model_train"]
         self._plans: dict = {}
 
     def flop_seconds(self, model: str, tokens: float, kind: str) -> float:
@@ -246,7 +251,7 @@ class Estimator:
         ds, model, gpus = w["dataset"], w["model"], int(w["gpus"])
         tcfg = self.train[model]
         epochs = int(tcfg["epochs"])
-        time_epochs = self.cfg["sweep"]["time"].get("epochs")
+        time_epochs = self.cfg["sweep"]["time"]["epochs"]
         if time_epochs is not None and not evaluated:
             epochs = int(time_epochs)
         n_sel = max(1, round(float(w["budget"]) * self.pool(ds)))
@@ -261,7 +266,7 @@ class Estimator:
         key = (ds, model, gpus, dist, bs, n)
         if key not in self._plans:
             rng = np.random.default_rng(0)
-            k = max(1, int((self.cfg.get("cluster") or {}).get("k", 8)))
+            k = max(1, int(self.cfg["cluster"]["k"]))
             w = 1.0 / np.arange(1, k + 1)
             clusters = rng.choice(k, size=n, p=w / w.sum())
             mu = math.log(self.tpe[ds]) - self.sigma ** 2 / 2
@@ -272,7 +277,7 @@ class Estimator:
                                    int(tcfg["pad_to_multiple_of"]))
             kind = "full" if tcfg["finetune"] == "full" else "lora"
             flops = flops_per_token(self.params[model], kind,
-                                    bool(tcfg.get("gradient_checkpointing", False)))
+                                    bool(tcfg["gradient_checkpointing"]))
             cm = CostModel(flops / (self.peak * self.mfu), self.overhead)
             self._plans[key] = float(cm.step_times(padded).mean())
         return self._plans[key]
@@ -288,9 +293,9 @@ class Estimator:
         else:
             warm_ex = float(s["warmup_fraction"]) * n * int(s["warmup_epochs"])
         warm = self.flop_seconds(model, warm_ex * per_ex, "lora")
-        ckpts = int(s.get("warmup_checkpoints", 1))
+        ckpts = int(s["warmup_checkpoints"])
         grads = self.flop_seconds(model, ckpts * n * per_ex, "lora")
-        losses = self.flop_seconds(model, int(s.get("loss_points", 0)) * n * per_ex, "forward")
+        losses = self.flop_seconds(model, int(s["loss_points"]) * n * per_ex, "forward")
         return warm, grads + losses
 
     def embedding_seconds(self, ds: str, model: str) -> float:
@@ -326,8 +331,8 @@ def estimate_jobs(cfg: dict, jobs: list[dict], est: Estimator) -> list[dict]:
     eval_sharded = {tuple(sorted((k, v) for k, v in j["wildcards"].items()
                                  if k not in ("shard", "nshards")))
                     for j in jobs if "shard" in j["wildcards"] and "nshards" in j["wildcards"]}
-    n_score_shards = int(est.score.get("shards", 1) or 1)
-    n_seeds = len(cfg.get("seeds") or [0])
+    n_score_shards = int(est.score["shards"])
+    n_seeds = len(cfg["seeds"])
     rows = []
     for j in jobs:
         rule, w = j["rule"], j["wildcards"]
@@ -432,7 +437,7 @@ def run_cost(config: str | os.PathLike, out: str | os.PathLike = "results/tables
     tpe = tokens_per_example(cfg, tpe_overrides or {}, source)
     params = model_params(cfg, param_overrides or {}, source)
     est = Estimator(cfg, tpe, params, **model_kw)
-    jobs = dry_run_jobs(config)
+    jobs = plan_jobs(cfg)
     rows = estimate_jobs(cfg, jobs, est)
     table = per_rule(rows)
     out = str(out)
@@ -442,21 +447,41 @@ def run_cost(config: str | os.PathLike, out: str | os.PathLike = "results/tables
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m clusterft.tools.cost",
-                                 description="GPU-hours per rule and in total of a config's jobs")
-    ap.add_argument("--config", required=True, help="a complete workflow config (--configfile)")
+def add_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The cost table's flags, on its own parser and on `clusterft cost` alike."""
+    ap.add_argument("--config", required=True,
+                    help="a complete workflow config (what snakemake gets as --configfile), "
+                         "not one stage's section")
     ap.add_argument("--out", default="results/tables/cost",
-                    help="path prefix: writes PREFIX.csv, PREFIX.md and PREFIX_jobs.csv")
+                    help="path prefix: writes PREFIX.csv, PREFIX.md and PREFIX_jobs.csv "
+                         "(default: %(default)s)")
     ap.add_argument("--tokens-per-example", nargs="*", metavar="DATASET=N",
-                    help="mean tokens per example of a dataset (overrides the estimates)")
-    ap.add_argument("--params", nargs="*", metavar="MODEL=N", help="a model's parameter count")
+                    help="mean tokens per example of a dataset (overrides the estimates; "
+                         "needed for a hub dataset without one)")
+    ap.add_argument("--params", nargs="*", metavar="MODEL=N",
+                    help="a model's parameter count (for a hub model not in "
+                         "costmodel.KNOWN_PARAMS)")
     ap.add_argument("--peak-flops", type=float, default=H100_BF16_FLOPS,
-                    help="dense bf16 peak FLOP/s per GPU (default H100 SXM)")
-    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed utilisation")
+                    help="dense bf16 peak FLOP/s per GPU (default: %(default)g, H100 SXM)")
+    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                    help="assumed model FLOPs utilisation, 0 < MFU <= 1 (default: %(default)s)")
     ap.add_argument("--step-overhead", type=float, default=DEFAULT_STEP_OVERHEAD_S,
-                    help="fixed seconds per optimiser step")
-    a = ap.parse_args(argv)
+                    help="fixed seconds per optimiser step (default: %(default)s)")
+    return ap
+
+
+def build_parser(prog: str = "python -m clusterft.tools.cost") -> argparse.ArgumentParser:
+    return add_arguments(argparse.ArgumentParser(
+        prog=prog, description="GPU-hours per rule and in total of a config's jobs",
+        allow_abbrev=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_args(build_parser().parse_args(argv))
+
+
+def run_args(a: argparse.Namespace) -> int:
+    """Write the cost table of parsed `add_arguments` flags; the exit status (2: bad input)."""
     try:
         if not 0 < a.mfu <= 1 or a.peak_flops <= 0 or a.step_overhead < 0:
             raise InputError("need 0 < --mfu <= 1, --peak-flops > 0, --step-overhead >= 0")

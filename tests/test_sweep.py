@@ -1,0 +1,225 @@
+"""The sweep as Python (`clusterft.plan.sweep`, `clusterft.plan.inputs`): runs per kind,
+their paths and the report's records on small config dicts, the rules' input functions,
+and the job list against `snakemake -n -F` on the shipped configs and a few variants."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clusterft.plan.config import settings
+from clusterft.plan.inputs import Inputs
+from clusterft.plan.sweep import RUN, Sweep, run_path, selection_path
+from clusterft.tools.cost import parse_dry_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def small(**sweep) -> dict:
+    """Two datasets, two models, two seeds; methods full, random and cluster at two
+    budgets on 1 GPU; the time sweep: cluster at 0.5 on 2 and 4 GPUs, both distributions."""
+    cfg = {
+        "seeds": [0, 1],
+        "datasets": {"skills": {"domain": "programming", "source": "skills", "n": 100},
+                     "icd10": {"domain": "medicine", "source": "icd10", "n": 100}},
+        "models": {"a": {"source": "build"}, "b": {"source": "build"}},
+        "cluster": {"k": 4},
+        "sweep": {"methods": ["full", "random", "cluster"], "budgets": [0.25, 0.5],
+                  "accuracy": {"gpus": 1, "distribution": "balanced"},
+                  "time": {"methods": ["cluster"], "budgets": [0.5], "gpus": [2, 4],
+                           "distributions": ["random", "balanced"], "seeds": [0]}},
+    }
+    cfg["sweep"].update(copy.deepcopy(sweep))
+    return cfg
+
+
+def count(runs, **where) -> int:
+    return sum(all(r[k] == v for k, v in where.items()) for r in runs)
+
+
+def test_accuracy_and_time_runs_of_a_small_config() -> None:
+    plan = Sweep(small())
+    acc, time = plan.accuracy_runs, plan.time_runs
+    # 2 datasets x 2 models x 2 seeds x (full at 1 + random and cluster at 2 budgets)
+    assert len(acc) == 2 * 2 * 2 * (1 + 2 * 2)
+    assert count(acc, method="full") == 8 and {r["budget"] for r in acc} == {"0.25", "0.5", "1"}
+    assert {r["gpus"] for r in acc} == {1} and {r["dist"] for r in acc} == {"balanced"}
+    # 2 datasets x 2 models x 1 seed x 2 GPU counts x 2 distributions x (full + cluster)
+    assert len(time) == 2 * 2 * 1 * 2 * 2 * 2
+    assert count(time, method="full", budget="1") == 16
+    assert not any(plan.is_accuracy(r) for r in time)
+    assert len(plan.runs) == len(acc) + len(time)
+
+
+def test_optional_groups_add_runs_on_their_models_only() -> None:
+    plan = Sweep(small(curve={"methods": ["cluster"], "budgets": [0.1, 0.5], "models": ["a"]},
+                       baselines={"methods": ["s2l"], "models": ["b"]},
+                       distribution_ablation={"methods": ["random"], "distribution": "random"}))
+    acc = plan.accuracy_runs
+    # the curve's extra budget (0.5 is a sweep budget already) on model a only
+    assert count(acc, method="cluster", budget="0.1") == 2 * 2  # 2 datasets x 2 seeds
+    assert count(acc, method="cluster", budget="0.1", model="b") == 0
+    # the baseline at the sweep budgets on model b only
+    assert count(acc, method="s2l") == 2 * 2 * 2 and count(acc, method="s2l", model="a") == 0
+    # the ablation: random with the other distribution at the sweep budgets, every model
+    assert count(acc, method="random", dist="random") == 2 * 2 * 2 * 2
+    roles = collections.Counter(r.get("role") for r in plan.run_records())
+    assert roles["ablation"] == 16 and roles["time"] == len(plan.time_runs)
+    assert roles[None] == 4  # each base model's evaluation, per dataset
+
+
+def test_a_time_run_equal_to_an_accuracy_run_is_one_run() -> None:
+    cfg = small()
+    cfg["sweep"]["time"].update(gpus=[1], distributions=["balanced"])
+    plan = Sweep(cfg)
+    assert all(plan.is_accuracy(r) for r in plan.time_runs)
+    assert len(plan.runs) == len(plan.accuracy_runs)
+    assert not any(r.get("role") == "time" for r in plan.run_records())
+
+
+def test_time_models_restrict_the_time_runs() -> None:
+    cfg = small()
+    cfg["sweep"]["time"]["models"] = ["b"]
+    assert {r["model"] for r in Sweep(cfg).time_runs} == {"b"}
+
+
+def test_paths_and_report_inputs() -> None:
+    plan = Sweep(small())
+    run = dict(dataset="skills", model="a", method="cluster", budget="0.5", gpus=1,
+               dist="balanced", seed=1)
+    assert RUN.format(**run) == "skills/a/cluster-0.5/g1-balanced/s1"
+    assert run_path("eval", run, "results.json") == \
+        "results/eval/skills/a/cluster-0.5/g1-balanced/s1/results.json"
+    assert selection_path(run) == "results/select/skills/a/cluster-0.5/s1/selection.parquet"
+    inputs = plan.report_inputs()
+    assert len(inputs["evals"]) == len(inputs["per_item"]) == len(plan.accuracy_runs)
+    assert len(inputs["metrics"]) == len(plan.runs)
+    assert len(inputs["base_evals"]) == 4 and len(inputs["labels"]) == 2
+    assert len(inputs["clusters"]) == 2 * 2 * 2 * 4  # datasets x models x seeds x kinds
+    assert not any("/full-1/" in s for s in inputs["selections"])
+    assert "results/plots/time_icd10.png" in plan.report_outputs()
+    # the overhead benchmarks: cluster at the claim budget beside full data
+    bench = plan.overhead_benchmarks("cluster", 0.5)
+    assert "benchmarks/out/train/skills/a/cluster-0.5/g1-balanced/s0.tsv" in bench
+    assert "benchmarks/out/train/skills/a/full-1/g1-balanced/s0.tsv" in bench
+    assert "benchmarks/out/select/skills/a/cluster-0.5/s0.tsv" in bench
+
+
+def test_fused_seeds_share_one_train_and_evaluate_job() -> None:
+    cfg = small()
+    cfg["sweep"]["accuracy"]["fuse_seeds"] = True
+    plan = Sweep(cfg)
+    run = plan.accuracy_runs[0]
+    assert plan.fused(run) and plan.train_benchmark(run).endswith("/s0+1.tsv")
+    rules = collections.Counter(j["rule"] for j in plan.jobs())
+    assert rules["train_seeds"] == rules["evaluate_seeds"] == len(plan.accuracy_runs) // 2
+    assert rules["train"] == len(plan.time_runs)  # the time runs (2 or 4 GPUs) stay apart
+    assert "evaluate" not in rules
+
+
+def test_defaults_come_from_the_stage_modules() -> None:
+    from clusterft.stages import evaluate, score, train
+    from clusterft.stages.data import decontaminate
+
+    cfg = settings(small())
+    assert cfg["train"]["device"] == train.DEFAULTS["device"] == "auto"
+    assert cfg["score"]["shards"] == score.DEFAULTS["shards"]
+    assert cfg["evaluate"]["shards"] == evaluate.DEFAULTS["shards"]
+    assert cfg["tasks"]["decontaminate"] == decontaminate.DEFAULTS["action"]
+    assert cfg["tasks"]["max_overlap"] == decontaminate.DEFAULTS["max_overlap"]
+    assert cfg["model_train"]["a"]["epochs"] == train.DEFAULTS["epochs"]
+    assert cfg["sweep"]["accuracy"]["fuse_seeds"] is False
+
+
+def test_input_functions() -> None:
+    cfg = small(methods=["full", "rs2", "less", "oracle"])
+    cfg["score"] = {"shards": 3}
+    cfg["train"] = {"epochs": 2}
+    cfg["sweep"]["time"]["epochs"] = 1
+    plan = Sweep(cfg)
+    jobs = Inputs(cfg, plan)
+    w = {"dataset": "skills", "model": "a", "budget": "0.5", "seed": "0"}
+    less = jobs.select_inputs({**w, "method": "less"})
+    assert less["clusters"] == "results/cluster/skills/a/gradient/s0/clusters.parquet"
+    assert less["targets"] == "results/score/skills/a/s0/targets.npy"
+    assert "labels" in jobs.select_inputs({**w, "method": "oracle"})
+    assert jobs.select_epochs({**w, "method": "rs2"}) == 2
+    assert jobs.select_epochs({**w, "method": "full"}) == 1
+    score = jobs.score_inputs(w)
+    assert score["warmup"] == "results/score/skills/a/s0/warmup.safetensors"
+    assert len(score["shards"]) == 3
+    assert "shards" not in jobs.score_warmup_cfg(w)
+    run = {**w, "method": "full", "budget": "1", "dist": "balanced"}
+    assert jobs.train_cfg({**run, "gpus": "1"}) == '{"epochs": 2}'  # an accuracy run
+    assert jobs.train_cfg({**run, "gpus": "4"}) == '{"epochs": 1}'  # time-only
+    assert jobs.train_job({**run, "gpus": "4"})["ranks_per_node"] == 4
+    assert jobs.dataset_cfg(w)["items_per_task"] == 200
+    assert jobs.decontaminate_cfg(w) == {"action": "drop", "max_overlap": 0}
+
+
+def test_the_sweep_module_runs_without_snakemake() -> None:
+    code = ("import sys; import clusterft.plan.sweep, clusterft.plan.inputs; "
+            "print(sorted(m for m in ('snakemake', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def variants(tmp_path: Path) -> list[Path]:
+    """The shipped configs, and the smoke config with sharded scoring and evaluation,
+    unfused seeds, baselines, time epochs and time seeds beyond the config's; then fused
+    seeds with one-GPU time runs (trained by the fused jobs too)."""
+    shipped = [ROOT / ".test" / "config.yaml", ROOT / "config" / "config.yaml",
+               ROOT / "config" / "paper.yaml"]
+    cfg = yaml.safe_load(shipped[0].read_text(encoding="utf-8"))
+    cfg["score"]["shards"] = 2
+    cfg["evaluate"]["shards"] = 2
+    cfg["seeds"] = [0, 1]
+    cfg["sweep"]["accuracy"]["fuse_seeds"] = False
+    cfg["sweep"]["methods"] = ["full", "random", "cluster"]
+    cfg["sweep"]["baselines"] = {"methods": ["s2l", "less"]}
+    cfg["sweep"]["time"].update(methods=["cluster", "rs2"], epochs=1, seeds=[0, 3])
+    sharded = tmp_path / "sharded.yaml"
+    sharded.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    cfg["score"]["shards"] = 1
+    cfg["evaluate"]["shards"] = 1
+    cfg["seeds"] = [0]
+    cfg["sweep"]["accuracy"]["fuse_seeds"] = True
+    cfg["sweep"]["time"].update(gpus=[1, 2], distributions=["random"], epochs=None)
+    fused = tmp_path / "fused.yaml"
+    fused.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return shipped + [sharded, fused]
+
+
+def test_jobs_are_those_of_the_dry_run(tmp_path: Path) -> None:
+    """Every job (rule and wildcards) of `snakemake -n -F`, no more and no fewer."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    for config in variants(tmp_path):
+        out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "--configfile",
+                              str(config)], capture_output=True, text=True, cwd=ROOT,
+                             env=env, timeout=600)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        dag = parse_dry_run(out.stdout + "\n" + out.stderr)
+        cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+        mine = Sweep(cfg).jobs()
+
+        def jobset(jobs):
+            return collections.Counter((j["rule"], tuple(j["wildcards"].items())) for j in jobs)
+
+        assert jobset(mine) == jobset(dag), config.name
+        # the train and evaluate outputs: the runs' own paths
+        plan = Sweep(cfg)
+        trained = {f"results/train/{RUN.format(**r)}/train_metrics.json" for r in plan.runs}
+        printed = {p for line in (out.stdout + out.stderr).splitlines()
+                   if line.strip().startswith("output:")
+                   for p in line.split(":", 1)[1].replace(" ", "").split(",")}
+        assert trained <= printed, config.name
+        assert {run_path("eval", r, "results.json") for r in plan.accuracy_runs} <= printed
+        assert not {p for p in printed if p.endswith("train_metrics.json")} - trained

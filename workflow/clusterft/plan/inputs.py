@@ -1,0 +1,224 @@
+"""The rules' input and param functions, one group per rule file (pure Python, no
+Snakemake): each takes a job's wildcards (Snakemake's, or any object with the wildcard names
+as attributes and an `items()`, or a dict) and reads the config through the plan.
+
+    jobs = Inputs(config, plan)   # config: the workflow's config (params are its own
+                                  # sections); plan: clusterft.plan.sweep.Sweep of it
+    jobs.select_inputs({"dataset": "skills", "model": "tiny", "method": "less", ...})
+
+The rule files (`workflow/rules/<stage>.smk`) name these as `JOBS.<function>`: Snakemake's
+lint wants functions out of the files that hold rules, and here they are testable.
+Params hand a job the config's own section (the stage merges its DEFAULTS: a default
+changed in code is not a changed param); values the workflow itself decides by (GPUs,
+shards, epochs of RS2's subsets) come from the plan's settled config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from clusterft.pipeline.names import ORACLE, RS2, TARGET_AWARE, features_of
+from clusterft.pipeline.sections import merged
+from clusterft.plan.config import tasks_for
+from clusterft.plan.sweep import Sweep, features_paths
+
+SCORE_DIR = "results/score/{dataset}/{model}/s{seed}"
+SCORE_WARMUP = f"{SCORE_DIR}/warmup.safetensors"
+SCORE_SHARD = f"{SCORE_DIR}/shards/shard{{shard}}.npz"
+
+
+def canonical(obj: Any) -> Any:
+    """A config value with dict keys sorted (recursively), so that reordering keys in a
+    config file does not count as a change of a rule's params (no spurious reruns)."""
+    if isinstance(obj, dict):
+        return {k: canonical(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, list):
+        return [canonical(v) for v in obj]
+    return obj
+
+
+def wild(wildcards: Any) -> SimpleNamespace:
+    """Wildcards as attributes, whatever they came as (a dict, Snakemake's Wildcards)."""
+    items = wildcards.items() if hasattr(wildcards, "items") else vars(wildcards).items()
+    return SimpleNamespace(**dict(items))
+
+
+class Inputs:
+    """Input and param functions of every rule (see the module docstring)."""
+
+    def __init__(self, config: dict, plan: Sweep) -> None:
+        self.config, self.plan, self.cfg = config, plan, plan.cfg
+
+    # ----------------------------------------------------------------- shared
+    def section(self, name: str) -> dict:
+        """A config section for a rule's params (the package merges its DEFAULTS)."""
+        return canonical(self.config.get(name) or {})
+
+    def model_train_section(self, model: str) -> dict:
+        """The config's train section with the model's own `train` overrides merged over
+        it (params; the plan's `model_train` is the same over train's DEFAULTS)."""
+        return merged(self.config.get("train") or {},
+                      self.config["models"][model].get("train") or {})
+
+    def task_item_dirs(self, wildcards: Any) -> list[str]:
+        """The task-item folder of the run's dataset (held-out items of its generator)."""
+        return [f"results/tasks/{wild(wildcards).dataset}"]
+
+    def eval_tasks(self, wildcards: Any) -> list[str]:
+        return tasks_for(self.config, wild(wildcards).dataset)
+
+    # ----------------------------------------------------------------- data.smk
+    def dataset_cfg(self, wildcards: Any) -> dict:
+        """A dataset's section; tasks.items_per_task applies unless the dataset sets it."""
+        items = self.cfg["tasks"]["items_per_task"]
+        return canonical({"items_per_task": items,
+                          **self.config["datasets"][wild(wildcards).dataset]})
+
+    def decontaminate_cfg(self, wildcards: Any) -> dict:
+        """tasks.decontaminate / max_overlap and the dataset's overlap-check keys only
+        (so that changing e.g. the pool size alone reruns prepare_data, not this twice)."""
+        from clusterft.pools import OVERLAP_DEFAULTS
+
+        d = self.config["datasets"][wild(wildcards).dataset]
+        return canonical({"action": self.cfg["tasks"]["decontaminate"],
+                          "max_overlap": self.cfg["tasks"]["max_overlap"],
+                          **{k: d[k] for k in OVERLAP_DEFAULTS if k in d}})
+
+    # ----------------------------------------------------------------- models.smk
+    def base_model_cfg(self, wildcards: Any) -> dict:
+        """The model's section without its `train` overrides: what building and pretraining
+        the base model depend on (a changed fine-tuning setting must not redo pretraining)."""
+        own = self.config["models"][wild(wildcards).model]
+        return canonical({k: v for k, v in own.items() if k != "train"})
+
+    # ----------------------------------------------------------------- score.smk
+    @property
+    def score_shards(self) -> int:
+        return int(self.cfg["score"]["shards"])
+
+    def score_inputs(self, wildcards: Any) -> dict:
+        """The score rule's model, pool and task items; with shards, the warm-up and every
+        shard too (the rule then merges them)."""
+        w = wild(wildcards)
+        out: dict[str, Any] = {"model": f"results/models/{w.model}/base",
+                               "pool": f"results/data/{w.dataset}/pool.jsonl",
+                               "task_items": self.task_item_dirs(w)}
+        if self.score_shards > 1:
+            out["warmup"] = SCORE_WARMUP.format(**vars(w))
+            out["shards"] = [SCORE_SHARD.format(**{**vars(w), "shard": i})
+                             for i in range(self.score_shards)]
+        return out
+
+    def score_warmup_cfg(self, wildcards: Any) -> dict:
+        """The score section without `shards`: changing the job count keeps the warm-up."""
+        return {k: v for k, v in self.section("score").items() if k != "shards"}
+
+    def length_policy(self, wildcards: Any) -> dict:
+        """The model's train max_length / truncation keys (set ones only) that score checks
+        the pool against before any gradient work."""
+        cfg = self.model_train_section(wild(wildcards).model)
+        return {k: cfg[k] for k in ("max_length", "truncation") if k in cfg}
+
+    # ----------------------------------------------------------------- cluster.smk
+    def cluster_inputs(self, wildcards: Any) -> dict:
+        w = wild(wildcards)
+        return features_paths(w.dataset, w.model, w.kind, w.seed)
+
+    # ----------------------------------------------------------------- select.smk
+    def select_inputs(self, wildcards: Any) -> dict:
+        """The clusters of the method's features and that run's scores; the oracle also
+        reads the true labels, LESS and RDS+ the features and the tasks' targets."""
+        w = wild(wildcards)
+        kind = features_of(w.method)
+        out = {"clusters": f"results/cluster/{w.dataset}/{w.model}/{kind}/s{w.seed}/"
+                           "clusters.parquet",
+               "scores": features_paths(w.dataset, w.model, kind, w.seed)["scores"]}
+        if w.method == ORACLE:
+            out["labels"] = f"results/data/{w.dataset}/labels.parquet"
+        if w.method in TARGET_AWARE:
+            folder = os.path.dirname(out["scores"])
+            out["features"] = f"{folder}/features.npy"
+            out["targets"] = f"{folder}/targets.npy"
+            out["target_ids"] = f"{folder}/targets.parquet"
+        return out
+
+    def select_epochs(self, wildcards: Any) -> int:
+        """RS2's per-epoch subsets: as many as the model's longest training run has
+        epochs."""
+        w = wild(wildcards)
+        return int(self.cfg["model_train"][w.model]["epochs"]) if w.method == RS2 else 1
+
+    # ----------------------------------------------------------------- train.smk
+    def run_train_cfg(self, run: dict) -> str:
+        """The model's train section (JSON) as `run` trains; time-only runs train
+        sweep.time.epochs epochs when that is set."""
+        cfg = self.model_train_section(run["model"])
+        epochs = self.cfg["sweep"]["time"]["epochs"]
+        if epochs is not None and self.plan.is_time_only(run):
+            cfg = {**cfg, "epochs": int(epochs)}
+        return json.dumps(canonical(cfg))
+
+    def train_cfg(self, wildcards: Any) -> str:
+        return self.run_train_cfg(vars(wild(wildcards)))
+
+    def train_seeds_cfg(self, wildcards: Any) -> str:
+        """train_cfg of a fused job: the same for every seed (check_config keeps time-only
+        runs with their own epochs off the accuracy runs' GPU count)."""
+        run = vars(wild(wildcards))
+        cfgs = {self.run_train_cfg({**run, "seed": s}) for s in self.plan.seeds}
+        if len(cfgs) != 1:
+            raise ValueError(f"sweep.accuracy.fuse_seeds: the seeds of {run} would train with "
+                             "different settings; set fuse_seeds: false")
+        return cfgs.pop()
+
+    @property
+    def use_gpu(self) -> bool:
+        """Whether jobs ask for GPUs: train.device cuda."""
+        return self.cfg["train"]["device"] == "cuda"
+
+    def train_launcher(self, wildcards: Any) -> str:
+        """One rank: plain `python` (torchrun's launcher process adds seconds per job and
+        nothing else: one rank trains without a process group;
+        benchmarks/bench_job_overhead.py). More ranks on one node: torchrun --standalone.
+        More ranks than the model's train.gpus_per_node: srun + one torchrun agent per
+        node, c10d rendezvous (clusterft.pipeline.launch.launcher_shell)."""
+        from clusterft.pipeline.launch import launcher_shell
+
+        w = wild(wildcards)
+        per_node = self.cfg["model_train"][w.model]["gpus_per_node"]
+        return launcher_shell(int(w.gpus), per_node, gpu=self.use_gpu)
+
+    def train_job(self, wildcards: Any) -> dict:
+        """The train job's ranks per node and SLURM resources over nodes, from its GPU
+        count and the model's train.gpus_per_node (clusterft.pipeline.launch.job_resources)."""
+        from clusterft.pipeline.launch import job_resources
+
+        w = wild(wildcards)
+        per_node = self.cfg["model_train"][w.model]["gpus_per_node"]
+        return job_resources(int(w.gpus), per_node, gpu=self.use_gpu)
+
+    # ----------------------------------------------------------------- evaluate.smk
+    def eval_shard_tasks(self, wildcards: Any) -> list[str]:
+        """The tasks of one shard of a run's evaluation."""
+        from clusterft.stages.evaluate import shard_tasks
+
+        w = wild(wildcards)
+        return shard_tasks(self.eval_tasks(w), int(w.nshards))[int(w.shard)]
+
+    def eval_shards(self, prefix: str) -> Callable[[Any], dict]:
+        """Input function: the shard outputs (results.json, raw, items) a run's merge
+        reads."""
+
+        def inputs(wildcards: Any) -> dict:
+            w = wild(wildcards)
+            folder = prefix.format(**vars(w))
+            shards = [f"{folder}/shards/{i}-of-{n}"
+                      for n in [self.plan.eval_shards(w.dataset)] for i in range(n)]
+            return {"shards": [f"{s}/results.json" for s in shards],
+                    "shard_raw": [f"{s}/results.lm_eval.json" for s in shards],
+                    "shard_items": [f"{s}/items.parquet" for s in shards]}
+
+        return inputs
