@@ -309,3 +309,39 @@ def test_several_models_in_one_process_equal_a_process_each(tmp_path, model_dir,
                           [tmp_path / "x" / f"r{i}.json" for i in (0, 1)],
                           [tmp_path / "x" / f"t{i}" for i in (0, 1)], seeds=[0, 1])
     assert not (tmp_path / "x").exists()
+
+
+def test_a_lora_adapter_evaluates_like_its_merged_model(tmp_path, random_model_dir):
+    """LoRA runs save only the peft adapter; lm-eval loads the base with it (`peft=`) and must
+    score every item as the merged model does."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from clusterft.modeling.hf import load_tokenizer, save_adapter_dir, save_model_dir
+    from clusterft.modeling.lora import add_lora
+    from clusterft.stages.evaluate import lm_eval_model_args
+
+    tok = load_tokenizer(random_model_dir)
+    torch.manual_seed(1)
+    model = add_lora(AutoModelForCausalLM.from_pretrained(random_model_dir),
+                     {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+                     "train.lora")
+    with torch.no_grad():  # a trained-looking adapter: B away from its zero init
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    save_adapter_dir(model, tok, tmp_path / "adapter")
+    save_model_dir(model, tok, tmp_path / "merged")  # merges
+    args = lm_eval_model_args(tmp_path / "adapter", DEFAULTS)
+    assert (args["pretrained"], args["peft"]) == (random_model_dir, str(tmp_path / "adapter"))
+
+    bench = tmp_path / "bench"
+    _write_bench(bench, _load(str(tmp_path / "merged")))
+    cfg = {"batch_size": 1, "max_gen_toks": MAX_GEN, "num_threads": 1}
+    got = {}
+    for name in ("adapter", "merged"):
+        res = run_evaluate(str(tmp_path / name), ["mc_task", "gen_task"], bench, cfg,
+                           tmp_path / name / "eval.json", tmp_path / "tasks", seed=0)
+        got[name] = {t: v["value"] for t, v in res["tasks"].items()}
+    assert got["adapter"] == got["merged"]
+    assert got["merged"]["mc_task"] == pytest.approx(0.7) and got["merged"]["gen_task"] == pytest.approx(0.6)

@@ -197,9 +197,33 @@ def test_same_seed_same_weights(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_p
     assert any(not torch.equal(wa[k], wc[k]) for k in wa)
 
 
-def test_lora_saves_merged_plain_model(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
-    cfg = {**BASE_CFG, "finetune": "lora", "lr": 1e-2,
-           "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}}
+LORA_CFG = {**BASE_CFG, "finetune": "lora", "lr": 1e-2,
+            "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}}
+
+
+def test_lora_saves_the_adapter_alone(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
+    """A LoRA run keeps megabytes, not a copy of the base: the peft adapter naming its base,
+    which reloads to the same weights a merged save would hold."""
+    from peft import PeftModel
+
+    from clusterft.modeling.hf import adapter_base
+
+    _, out = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "lora", LORA_CFG, n=16)
+    files = {p.name for p in out.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= files
+    assert "model.safetensors" not in files and "config.json" not in files
+    assert adapter_base(out) == str(tiny_model_dir)
+    _, merged = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "merged",
+                           {**LORA_CFG, "merge_lora": True}, n=16)
+    base, _ = reload(tiny_model_dir)
+    again = PeftModel.from_pretrained(base, str(out)).merge_and_unload().state_dict()
+    want = weights(merged)  # tied lm_head is not saved
+    assert set(want) <= set(again) and set(again) - set(want) <= {"lm_head.weight"}
+    assert all(torch.allclose(again[k], want[k], atol=1e-6) for k in want)
+
+
+def test_lora_merged_saves_a_plain_model(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
+    cfg = {**LORA_CFG, "merge_lora": True}
     m, out = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "lora", cfg, n=16)
     assert m["finetune"] == "lora"
     files = {p.name for p in out.iterdir()}

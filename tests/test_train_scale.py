@@ -331,7 +331,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_weights(tmp_path, t
     assert kept[1] < 0.5 * kept[0], kept  # checkpointed layers keep only their inputs
     assert max_diff(*grads) <= 1e-6
     sel = make_selection(tmp_path / "sel.parquet", tiny_pool, N)
-    lora = {"finetune": "lora", "lr": 1e-2, "lora": {"r": 4, "alpha": 8, "dropout": 0.1,
+    lora = {"finetune": "lora", "merge_lora": True, "lr": 1e-2, "lora": {"r": 4, "alpha": 8, "dropout": 0.1,
                                                      "target_modules": ["q_proj", "v_proj"]}}
     for name, extra in (("full", {}), ("lora", lora)):  # LoRA: dropout replayed in the recompute
         outs = []

@@ -41,7 +41,7 @@ from clusterft.pipeline.sections import merge_section
 from clusterft.modeling.distributed import resolve_device
 from clusterft.pipeline.errors import InputError
 from clusterft.pipeline import provenance
-from clusterft.modeling.hf import check_weights
+from clusterft.modeling.hf import adapter_base, check_weights
 from clusterft.pipeline.io import BOM, read_jsonl, set_offline_env, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
@@ -393,7 +393,9 @@ def check_context_lengths(model_dir: str, specs: list[dict[str, Any]], cfg: Mapp
                           ) -> dict[str, int]:
     """Count, per task, the prompts (+ longest choice or max_gen_toks) over the context length."""
     from transformers import AutoConfig, AutoTokenizer
-    max_len = cfg.get("max_length") or getattr(AutoConfig.from_pretrained(model_dir),
+
+    config_dir = adapter_base(model_dir) or model_dir  # an adapter folder holds no config.json
+    max_len = cfg.get("max_length") or getattr(AutoConfig.from_pretrained(config_dir),
                                               "max_position_embeddings", None)
     if not max_len:
         return {}
@@ -477,6 +479,17 @@ def _register_paced_model() -> str:
     return PACED_MODEL
 
 
+def lm_eval_model_args(model_dir: str | os.PathLike, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """lm-eval's `hf` model arguments for a model folder: a plain folder is `pretrained`; a
+    LoRA run's peft adapter folder loads its base as `pretrained` with the adapter as `peft`
+    (lm-eval applies it) and the run's tokenizer, so no merged copy is ever written."""
+    base = adapter_base(model_dir)
+    args: dict[str, Any] = {"pretrained": str(model_dir), "dtype": cfg["dtype"]}
+    if base is not None:
+        args.update(pretrained=base, peft=str(model_dir), tokenizer=str(model_dir))
+    return args
+
+
 def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
                  item_dirs: str | os.PathLike | list[str | os.PathLike],
                  cfg: Mapping[str, Any] | None, out_json: str | os.PathLike,
@@ -491,8 +504,14 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
     cfg = merge_cfg(cfg)
     set_offline_env(cfg["allow_downloads"])
     model_dir = str(Path(model_dir).resolve())
-    if not (Path(model_dir) / "config.json").exists():
-        raise InputError("not a model directory (no config.json)", path=model_dir)
+    base = adapter_base(model_dir)
+    if base is None and not (Path(model_dir) / "config.json").exists():
+        raise InputError("not a model directory (no config.json, nor a peft adapter's "
+                         "adapter_config.json)", path=model_dir)
+    if base is not None and not (Path(base) / "config.json").exists():
+        raise InputError(f"the adapter's base model '{base}' is not a model folder here "
+                         "(adapter_config.json, base_model_name_or_path): evaluate from the "
+                         "folder the run trained in, or edit that path", path=model_dir)
     if not tasks:
         raise InputError("no tasks to evaluate", field="tasks")
     check_weights(model_dir, "evaluate model")
@@ -527,7 +546,7 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
     from lm_eval.tasks import TaskManager
     t_import = time.perf_counter() - t0
 
-    model_args: dict[str, Any] = {"pretrained": model_dir, "dtype": cfg["dtype"]}
+    model_args = lm_eval_model_args(model_dir, cfg)
     if cfg["parallelize"]:
         model_args["parallelize"] = True
     if cfg["max_length"]:

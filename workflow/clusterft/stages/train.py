@@ -57,7 +57,8 @@ from clusterft.pipeline.sections import merge_section, parse_section_arg
 from clusterft.modeling.distributed import (BACKENDS, DEVICES, Dist, barrier, die_with_launcher, gather_object,
                           gather_rows, mean_over_ranks, seed_everything, set_threads)
 from clusterft.pipeline.errors import InputError
-from clusterft.modeling.hf import load_causal_lm, load_tokenizer, resolve_model, save_model_dir
+from clusterft.modeling.hf import (load_causal_lm, load_tokenizer, resolve_model, save_adapter_dir,
+                                   save_model_dir)
 from clusterft.pipeline import provenance
 from clusterft.pipeline.io import set_offline_env, write_json
 from clusterft.modeling.lora import DEFAULTS as LORA_DEFAULTS
@@ -71,8 +72,12 @@ from clusterft.modeling.tokenize import LENGTH_POLICY, POLICIES, encode_records
 FINETUNE = ("full", "lora")
 
 DEFAULTS: dict = {
-    # full: train every weight; lora: train LoRA adapters (merged into the weights on save).
+    # full: train every weight; lora: train LoRA adapters on a frozen base (saved as a peft
+    # adapter folder that evaluation loads over the base, unless merge_lora).
     "finetune": "full",
+    # LoRA runs: false saves the peft adapter alone (megabytes; its adapter_config.json names
+    # the base folder), true a merged full copy of the model (the base's size, per run).
+    "merge_lora": False,
     # Peak AdamW learning rate.
     "lr": 1.0e-3,
     # AdamW weight decay.
@@ -107,8 +112,9 @@ DEFAULTS: dict = {
     # distinct shapes: oneDNN's bf16 kernels on CPU are built per shape, and GPUs like
     # multiples of 8.
     "pad_to_multiple_of": 1,
-    # auto | bf16 | fp32: bf16 autocasts matmuls to bfloat16 (weights, optimiser and loss stay
-    # float32); auto = bf16 on a CUDA GPU with bf16, fp32 on every CPU (CPUs without native
+    # auto | bf16 | fp32: bf16 autocasts matmuls to bfloat16 (trained weights, optimiser and
+    # loss stay float32; a frozen LoRA base on a CUDA GPU is loaded in bfloat16, half the
+    # memory: clusterft.modeling.precision.base_dtype); auto = bf16 on a CUDA GPU with bf16, fp32 on every CPU (CPUs without native
     # bf16 emulate it, much slower: clusterft.modeling.precision.resolve_precision).
     # train_metrics.json records the precision.
     "precision": "auto",
@@ -237,11 +243,18 @@ def load_selection(tokenizer, pool: str | os.PathLike, selection: str | os.PathL
     return examples, clusters, len(rejected), subsets
 
 
-def load_model(model_dir: str, cfg: dict):
-    """Load the base model (float32) and wrap it with LoRA adapters if finetune: lora."""
+def load_model(model_dir: str, cfg: dict, device=None):
+    """Load the base model and wrap it with LoRA adapters if finetune: lora. float32, except a
+    frozen LoRA base on a CUDA device in bf16 (not under FSDP), which loads in bfloat16
+    straight onto ``device``."""
     from clusterft.modeling.lora import add_lora
+    from clusterft.modeling.precision import base_dtype
 
-    model = load_causal_lm(model_dir)
+    dtype = None
+    if device is not None and str(device).startswith("cuda") and not cfg.get("fsdp"):
+        precision = resolve_precision(cfg["precision"], device, field="train.precision")
+        dtype = base_dtype(precision, device, cfg["finetune"])
+    model = load_causal_lm(model_dir, dtype=dtype, device=device)
     model.config.use_cache = False
     if cfg["finetune"] == "lora":
         model = add_lora(model, cfg["lora"], "train.lora")  # init from the seeded global RNG
@@ -545,7 +558,7 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
         seed_everything(seed)
         tokenizer = load_tokenizer(model_dir)
         examples, clusters, rejected, subsets = load_selection(tokenizer, pool, selection, cfg)
-        model = load_model(model_dir, cfg)
+        model = load_model(model_dir, cfg, d.device)
         seed_everything(seed * 1000 + d.rank)  # per-rank dropout streams
         ckpt_dir = Path(str(out_dir).rstrip("/") + ".ckpt") if int(cfg["checkpoint_every"]) > 0 else None
         metrics = train_loop(model, tokenizer, examples, clusters, cfg, d, distribution, seed,
@@ -562,7 +575,10 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
             "seed": seed,
         })
         if d.rank == 0:
-            save_model_dir(model, tokenizer, out_dir)
+            if cfg["finetune"] == "lora" and not cfg["merge_lora"]:
+                save_adapter_dir(model, tokenizer, out_dir)
+            else:
+                save_model_dir(model, tokenizer, out_dir)
             metrics["total_time_s"] = round(time.perf_counter() - t_total, 4)
             write_json(metrics_path, metrics)
             provenance.write({"model": out_dir, "metrics": metrics_path}, "train", checked,
