@@ -131,7 +131,7 @@ def test_no_stage_module_loads_torch_at_import() -> None:
     import sys
 
     names = sorted({m for m in modules() if stage(m) and "." not in m.split(".", 2)[-1]}
-                   | {"plan.config", "cli", "pipeline.names"})
+                   | {"plan.config", "plan.sweep", "plan.inputs", "cli", "pipeline.names"})
     code = ("import sys, importlib\n"
             f"for m in {names!r}:\n"
             "    importlib.import_module('clusterft.' + m)\n"

@@ -2,9 +2,10 @@
 # randomly projected and L2-normalised, plus a scalar score per example; the same warm-up
 # records each example's loss trajectory (S2L's signal) and gives the benchmark tasks'
 # validation examples the same features (LESS's targets).
-# With score.shards > 1 (clusterft.stages.score, "sharded scoring"): score_warmup trains the
-# warm-up once, score.shards score_shard jobs (one GPU each) compute consecutive runs of
-# the gradient pass's batches, and score merges them into the same files, bit for bit.
+# With score.shards > 1 (clusterft.stages.score.entry): score_warmup trains the warm-up
+# once, score.shards score_shard jobs (one GPU each) compute consecutive runs of the
+# gradient pass's batches, and score merges them; with 1, the score job does all three in
+# one process (the same code path), so both give the same files, bit for bit.
 
 from clusterft.plan.inputs import SCORE_DIR, SCORE_SHARD, SCORE_WARMUP
 

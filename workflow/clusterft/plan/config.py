@@ -482,9 +482,10 @@ def check_shards(cfg: dict, source: str = "config") -> None:
     """score.shards against every dataset's pool size, at config time, by the rule the score
     jobs apply to their pool (clusterft.stages.score.check_shards: an integer from 1 to the
     pool size, so each score_shard job gets at least one example)."""
+    from clusterft.stages.score import DEFAULTS as SCORE_DEFAULTS
     from clusterft.stages.score import check_shards as shards_rule
 
-    shards = (cfg.get("score") or {}).get("shards", 1)
+    shards = (cfg.get("score") or {}).get("shards", SCORE_DEFAULTS["shards"])
     try:
         shards_rule(shards)
         for name, d in cfg["datasets"].items():
