@@ -16,8 +16,8 @@ rule cluster:
         ENV
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=30,
+        mem_mb=JOBS.memory("cluster", 4000),
+        runtime=JOBS.runtime(30),
     params:
         cfg=section("cluster"),
     script:

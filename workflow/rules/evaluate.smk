@@ -25,8 +25,8 @@ if EVAL["shards"] == 1:
             ENV
         threads: 1
         resources:
-            mem_mb=4000,
-            runtime=120,
+            mem_mb=JOBS.memory("evaluate", 4000),
+            runtime=JOBS.runtime(120),
             gpu=1 if USE_GPU else 0,
         params:
             tasks=eval_tasks,
@@ -72,8 +72,8 @@ else:
             ENV
         threads: 1
         resources:
-            mem_mb=4000,
-            runtime=120,
+            mem_mb=JOBS.memory("evaluate_shard", 4000),
+            runtime=JOBS.runtime(120),
             gpu=EVAL_GPUS,
         params:
             tasks=JOBS.eval_shard_tasks,
@@ -161,8 +161,8 @@ if FUSE_SEEDS and EVAL["shards"] == 1:
             ENV
         threads: 1
         resources:
-            mem_mb=4000,
-            runtime=120 * len(SEEDS),
+            mem_mb=JOBS.memory("evaluate_seeds", 4000),
+            runtime=JOBS.runtime(120 * len(SEEDS)),
             gpu=1 if USE_GPU else 0,
         params:
             tasks=eval_tasks,

@@ -22,8 +22,8 @@ rule embedding_features:
         ENV
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=60,
+        mem_mb=JOBS.memory("embedding_features", 4000),
+        runtime=JOBS.runtime(60),
         gpu=SCORE_GPU,
     params:
         cfg=section("features"),

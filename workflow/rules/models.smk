@@ -39,8 +39,8 @@ rule base_model:
         ENV
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=120,
+        mem_mb=JOBS.memory("base_model", 8000),
+        runtime=JOBS.runtime(120),
     params:
         cfg=JOBS.base_model_cfg,
         allow_downloads=config["allow_downloads"],

@@ -34,8 +34,8 @@ rule score_warmup:
         ENV
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=JOBS.memory("score_warmup", 8000),
+        runtime=JOBS.runtime(240),
         gpu=SCORE_GPU,
     params:
         cfg=JOBS.score_warmup_cfg,
@@ -60,8 +60,8 @@ rule score_shard:
         ENV
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=JOBS.memory("score_shard", 8000),
+        runtime=JOBS.runtime(240),
         gpu=SCORE_GPU,
     params:
         cfg=section("score"),
@@ -87,8 +87,8 @@ rule score:
         ENV
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=JOBS.memory("score", 8000),
+        runtime=JOBS.runtime(240),
         gpu=SCORE_GPU if SCORE_SHARDS == 1 else 0,
     params:
         cfg=section("score"),

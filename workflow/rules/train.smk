@@ -28,8 +28,8 @@ rule train:
     # node's ranks, so jobs that run side by side do not oversubscribe the cores).
     threads: lambda w: JOBS.train_job(w)["ranks_per_node"]
     resources:
-        mem_mb=lambda w: 4000 * JOBS.train_job(w)["ranks_per_node"],
-        runtime=600,
+        mem_mb=JOBS.memory("train", 4000),
+        runtime=JOBS.runtime(600),
         gpu=lambda w: JOBS.train_job(w)["gpu"],
         # several nodes: sbatch --nodes, one task per node, the job's own srun ("mpi", so
         # Snakemake's SLURM job step runs the command as it is), GPUs per node; unset else
@@ -73,8 +73,8 @@ if FUSE_SEEDS:
             ENV
         threads: 1
         resources:
-            mem_mb=4000,
-            runtime=600 * len(SEEDS),
+            mem_mb=JOBS.memory("train_seeds", 4000),
+            runtime=JOBS.runtime(600 * len(SEEDS)),
             gpu=lambda w: JOBS.train_job(w)["gpu"],
         params:
             launcher=JOBS.train_launcher,

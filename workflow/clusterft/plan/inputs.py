@@ -53,6 +53,31 @@ class Inputs:
         self.config, self.plan, self.cfg = config, plan, plan.cfg
 
     # ----------------------------------------------------------------- shared
+    def memory(self, rule: str, fixed: int) -> Callable[..., int]:
+        """A rule's mem_mb: its fixed value (train: per rank on the node), or more where the
+        model and the pool need it, times the attempt (clusterft.plan.resources). A rule
+        name the estimate does not know (a merge) keeps its fixed value."""
+        from clusterft.plan.resources import estimate_mb, memory_mb
+
+        def mem_mb(wildcards: Any, attempt: int = 1) -> int:
+            w = vars(wild(wildcards))
+            ranks = self.train_job(wildcards)["ranks_per_node"] if rule == "train" else 1
+            key = "score_merge" if rule == "score" and self.score_shards > 1 else rule
+            estimate = estimate_mb(key, self.cfg, w.get("model"), w.get("dataset"), ranks)
+            return memory_mb(fixed * ranks, estimate, attempt)  # train: fixed per rank
+
+        return mem_mb
+
+    @staticmethod
+    def runtime(fixed: int) -> Callable[..., int]:
+        """A rule's runtime (minutes), times the attempt: a job killed at its time limit is
+        resubmitted with more (the profile's retries)."""
+
+        def minutes(wildcards: Any, attempt: int = 1) -> int:
+            return int(fixed) * max(1, int(attempt))
+
+        return minutes
+
     def section(self, name: str) -> dict:
         """A config section for a rule's params (the package merges its DEFAULTS)."""
         return canonical(self.config.get(name) or {})
