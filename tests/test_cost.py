@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from clusterft.tools import cost
-from clusterft.analysis.costmodel import H100_BF16_FLOPS, KNOWN_PARAMS
+from clusterft.analysis.costmodel import DRAWS_PER_SECOND, H100_BF16_FLOPS, KNOWN_PARAMS
 from clusterft.pipeline.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,11 +86,15 @@ def test_gpu_hours_arithmetic_on_a_small_config(tmp_path: Path) -> None:
     step = 16 * tpe * 4 * N * per_flop + overhead
     assert jobs["train"] == 4
     assert gpu["train"] == pytest.approx(2 * 4 * (100 + 50) * step * 4 / 3600, rel=1e-9)
-    # score: warm-up 5% x 4 epochs (LoRA), 1 gradient pass (LoRA), 5 loss points (2N)
+    # score: warm-up 5% x 4 epochs (LoRA), 1 gradient pass (LoRA), 5 loss points (2N), and
+    # the dense projection of the pass: D = 32 layers x 4 modules x r 8 x (4096 + 4096)
+    # LoRA weights, 2 D dim FLOPs per example, D dim draws per batch of 16
     pool_tokens = 6400 * tpe
+    D, dim = 32 * 4 * 8 * (4096 + 4096), 8192
+    projection = 2 * D * dim * 6400 * per_flop + D * dim * (6400 // 16) / DRAWS_PER_SECOND
     assert jobs["score"] == 1
     assert gpu["score"] == pytest.approx(
-        pool_tokens * N * (0.05 * 4 * 4 + 4 + 5 * 2) * per_flop / 3600, rel=1e-9)
+        (pool_tokens * N * (0.05 * 4 * 4 + 4 + 5 * 2) * per_flop + projection) / 3600, rel=1e-9)
     assert gpu["embedding_features"] == pytest.approx(pool_tokens * 2 * N * per_flop / 3600,
                                                       rel=1e-9)
     # evaluate: the two accuracy runs and the base model, the programming tasks each
@@ -101,6 +105,26 @@ def test_gpu_hours_arithmetic_on_a_small_config(tmp_path: Path) -> None:
     assert gpu["evaluate"] == pytest.approx(2 * one_eval, rel=1e-9)
     assert gpu["evaluate_base"] == pytest.approx(one_eval, rel=1e-9)
     assert table[-1]["gpu_hours"] == pytest.approx(sum(t["gpu_hours"] for t in table[:-1]))
+    # disk: 4 LoRA adapters (paper.yaml's r 128 on q/k/v/o, float32, not merged), the 7B
+    # base as its fp16 checkpoint, score's features (dim 8192 + 5 loss points per example)
+    disk = {t["rule"]: t["disk_gb"] for t in table}
+    assert disk["train"] == pytest.approx(4 * 4 * 32 * 4 * 128 * (4096 + 4096) / 1e9, rel=1e-9)
+    assert disk["base_model"] == pytest.approx(2 * N / 1e9, rel=1e-9)
+    assert disk["score"] == pytest.approx(4 * 6400 * (8192 + 5) / 1e9, rel=1e-9)
+    assert table[-1]["disk_gb"] == pytest.approx(sum(t["disk_gb"] for t in table[:-1]))
+
+
+def test_the_kronecker_projection_costs_a_fraction_of_the_dense_one() -> None:
+    from clusterft.analysis.costmodel import KNOWN_CONFIGS, lora_matrices, projection_work
+
+    m = lora_matrices(KNOWN_CONFIGS["meta-llama/Llama-2-13b-hf"],
+                      {"r": 128, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]})
+    assert len(m) == 2 * 4 * 40 and sum(i * o for i, o in m) == 40 * 4 * 128 * 2 * 5120
+    n, tokens = 75000, 75000 * 450
+    dense = projection_work(m, 8192, "rademacher", tokens, n, n / 8)
+    kron = projection_work(m, 8192, "kronecker", tokens, n, n / 8)
+    assert kron[1] == 0 and dense[1] == sum(i * o for i, o in m) * 8192 * n / 8
+    assert kron[0] < 0.01 * dense[0]  # and no draws: the dense pass is dominated by them
 
 
 def test_missing_estimates_and_bad_overrides_are_named(tmp_path: Path) -> None:

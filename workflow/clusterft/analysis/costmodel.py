@@ -41,6 +41,7 @@ what the plans give rather than assuming it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -48,9 +49,9 @@ import numpy as np
 
 from clusterft.pipeline.names import BALANCED, RANDOM_SPLIT
 
-__all__ = ["CostModel", "DEFAULT_MFU", "DEFAULT_STEP_OVERHEAD_S", "H100_BF16_FLOPS",
-           "KNOWN_PARAMS", "compare_distributions", "flops_per_token", "rank_padded_tokens",
-           "token_plan"]
+__all__ = ["CostModel", "DEFAULT_MFU", "DEFAULT_STEP_OVERHEAD_S", "DRAWS_PER_SECOND", "H100_BF16_FLOPS",
+           "KNOWN_CONFIGS", "KNOWN_PARAMS", "compare_distributions", "flops_per_token",
+           "lora_matrices", "projection_work", "rank_padded_tokens", "token_plan"]
 
 H100_BF16_FLOPS = 989e12        # H100 SXM5, dense bf16 tensor-core peak (NVIDIA datasheet)
 DEFAULT_MFU = 0.30              # assumed model FLOPs utilisation (see the module docstring)
@@ -60,7 +61,22 @@ KNOWN_PARAMS = {
     "meta-llama/Llama-2-7b-hf": 6.74e9,
     "meta-llama/Llama-2-13b-hf": 13.02e9,
 }
+# Their architectures (config.json), for LoRA's shapes: the projection's cost and an
+# adapter's size.
+KNOWN_CONFIGS = {
+    "meta-llama/Llama-2-7b-hf": {"hidden_size": 4096, "num_hidden_layers": 32,
+                                 "intermediate_size": 11008, "vocab_size": 32000,
+                                 "num_attention_heads": 32, "num_key_value_heads": 32},
+    "meta-llama/Llama-2-13b-hf": {"hidden_size": 5120, "num_hidden_layers": 40,
+                                  "intermediate_size": 13824, "vocab_size": 32000,
+                                  "num_attention_heads": 40, "num_key_value_heads": 40},
+}
 _FLOPS_PER_PARAM = {"full": 6.0, "lora": 4.0, "forward": 2.0}
+# Seeded draws per second of a dense projection matrix's entries on one GPU (our assumption:
+# generation is bound by memory bandwidth, ~1 TB/s of float32 writes, not by tensor cores).
+# The dense projector regenerates its D x dim matrix, chunk by chunk, for every batch of the
+# gradient pass, so at LoRA D ~ 1e8 and dim 8192 the draws, not the product, dominate.
+DRAWS_PER_SECOND = 2.5e11
 
 
 def flops_per_token(params: float, kind: str = "lora", recompute: bool = False) -> float:
@@ -72,6 +88,42 @@ def flops_per_token(params: float, kind: str = "lora", recompute: bool = False) 
         raise ValueError(f"params must be > 0, got {params!r}")
     extra = 2.0 if recompute and kind != "forward" else 0.0
     return (_FLOPS_PER_PARAM[kind] + extra) * float(params)
+
+
+def lora_matrices(config: dict, lora: dict) -> list[tuple[int, int]]:
+    """(inputs, outputs) of every LoRA matrix (A: d_in -> r, B: r -> d_out) of a Llama-shaped
+    model with adapters on ``lora['target_modules']`` in every layer."""
+    h, inter = int(config["hidden_size"]), int(config["intermediate_size"])
+    heads = int(config.get("num_attention_heads") or 1)
+    kv = h * int(config.get("num_key_value_heads") or heads) // heads
+    shapes = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+              "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+    r, out = int(lora["r"]), []
+    for name in lora["target_modules"]:
+        if name not in shapes:
+            raise ValueError(f"LoRA target {name!r} is not a Llama projection ({', '.join(shapes)})")
+        d_in, d_out = shapes[name]
+        out += [(d_in, r), (r, d_out)] * int(config["num_hidden_layers"])
+    return out
+
+
+def projection_work(matrices: list[tuple[int, int]], dim: int, projection: str,
+                    tokens: float, examples: float, batches: float) -> tuple[float, float]:
+    """(FLOPs, matrix draws) of projecting per-example LoRA gradients to ``dim`` columns, for
+    ``examples`` examples of ``tokens`` tokens in all, in ``batches`` batches (one pass).
+
+    dense (rademacher, gaussian): each example's flattened gradient (D = sum of matrix sizes)
+    times a D x dim matrix, 2 D dim FLOPs, and the matrix's D x dim draws for every batch.
+    kronecker (LoGra): per matrix, the layer input (d_in) and output gradient (d_out) of
+    every token are projected to k_in x k_out = dim / matrices entries (k its square root),
+    2 (d_in + d_out) k FLOPs per token plus the outer product; no D-vector, no draws beyond
+    the small factors."""
+    d = sum(i * o for i, o in matrices)
+    if projection == "kronecker":
+        k = math.sqrt(max(1.0, dim / max(1, len(matrices))))
+        per_token = sum(2 * (i + o) * k + k * k for i, o in matrices)
+        return float(per_token * tokens), 0.0
+    return float(2.0 * d * dim * examples), float(d * dim * batches)
 
 
 @dataclass(frozen=True)

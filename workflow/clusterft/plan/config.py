@@ -218,8 +218,7 @@ def settings(cfg: dict) -> dict:
 def _kinds(cfg: dict, path: list[str]) -> set[str]:
     """The JSON types the schema (or, in a stage section, the key's default in the stage's
     DEFAULTS; in a dataset, its source's) gives config field `path` (empty: unknown)."""
-    node, sch = schema(), None
-    sch = node
+    node = sch = schema()
     for i, key in enumerate(path):
         while "$ref" in node:
             node = {**sch["$defs"][node["$ref"].split("/")[-1]],

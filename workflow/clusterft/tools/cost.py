@@ -1,4 +1,5 @@
-"""Cost table before submitting: GPU-hours per rule and in total for a config's every job.
+"""Cost table before submitting: GPU-hours and disk per rule and in total for a config's
+every job.
 
     python -m clusterft.tools.cost --config config/paper.yaml [--out results/tables/cost]
         [--tokens-per-example DATASET=N ...] [--params MODEL=N ...] [--mfu 0.3]
@@ -22,7 +23,10 @@ the assumptions: FLOPs per token, utilisation, fixed per-step cost):
   (``warmup_fraction`` x ``warmup_epochs`` of the pool, or ``warmup_steps`` batches, at the
   LoRA training cost), one gradient pass per warm-up checkpoint (forward + backward, LoRA
   cost) and ``loss_points`` forward passes, over the pool's tokens capped at
-  ``score.max_length``; one GPU.
+  ``score.max_length``, and each pass's projection of the LoRA gradients
+  (``costmodel.projection_work``: dense projections multiply by and regenerate a D x dim
+  matrix per batch, hours per pass at 7B; kronecker costs a small fraction of the forward
+  pass); one GPU.
 * ``embedding_features``: one forward pass over the pool (``features.max_length``).
 * ``evaluate`` / ``evaluate_base`` (or their ``_shard`` jobs): per task, ``EVAL_TASKS``'s
   documented estimate of its items and tokens (forward passes; generated tokens cost
@@ -35,7 +39,8 @@ Tokens per example of a hub dataset are unknown before download: ``TOKENS_PER_EX
 holds documented estimates per hub dataset id (override per dataset with
 ``--tokens-per-example NAME=N``); a dataset with neither stops the command, naming it.
 Parameter counts: ``costmodel.KNOWN_PARAMS`` for hub ids, the architecture for models the
-workflow builds, else ``--params NAME=N``. Writes ``<out>.csv`` (one row per rule plus the
+workflow builds, else ``--params NAME=N``. Disk: the models, LoRA adapters and feature
+matrices each job leaves in results/ (``Estimator.disk_bytes``). Writes ``<out>.csv`` (one row per rule plus the
 total), ``<out>.md`` (the same table, with the assumptions) and ``<out>_jobs.csv`` (one row
 per job); each file is written whole or not at all.
 """
@@ -55,8 +60,10 @@ from typing import Any
 
 import numpy as np
 
-from clusterft.analysis.costmodel import (DEFAULT_MFU, DEFAULT_STEP_OVERHEAD_S, H100_BF16_FLOPS, KNOWN_PARAMS,
-                        CostModel, flops_per_token, token_plan)
+from clusterft.analysis.costmodel import (DEFAULT_MFU, DEFAULT_STEP_OVERHEAD_S, H100_BF16_FLOPS,
+                                          DRAWS_PER_SECOND, KNOWN_CONFIGS, KNOWN_PARAMS, CostModel,
+                                          flops_per_token, lora_matrices, projection_work,
+                                          token_plan)
 from clusterft.pipeline.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -206,6 +213,23 @@ def model_params(cfg: dict, overrides: dict[str, float], source: str) -> dict[st
     return out
 
 
+def model_configs(cfg: dict) -> dict[str, dict | None]:
+    """Each model's architecture (hidden size, layers, ...): KNOWN_CONFIGS by hub id, or the
+    size of a model the workflow builds; None where unknown (then neither the projection nor
+    an adapter's size is estimated, and the table says so)."""
+    from clusterft.stages.models import DEFAULTS, size_config
+
+    out: dict[str, dict | None] = {}
+    for name, m in cfg["models"].items():
+        if m.get("hub_id") in KNOWN_CONFIGS:
+            out[name] = KNOWN_CONFIGS[m["hub_id"]]
+        elif m.get("source", "build") == "build":
+            out[name] = {"vocab_size": DEFAULTS["vocab_size"], **size_config(m.get("size", name))}
+        else:
+            out[name] = None
+    return out
+
+
 def _built_params(m: dict) -> float:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -236,6 +260,7 @@ class Estimator:
         self.overhead, self.sigma = step_overhead_s, length_sigma
         self.score, self.features = cfg["score"], cfg["features"]
         self.train = cfg["model_train"]
+        self.configs = model_configs(cfg)
         self._plans: dict = {}
 
     def flop_seconds(self, model: str, tokens: float, kind: str) -> float:
@@ -296,7 +321,51 @@ class Estimator:
         ckpts = int(s["warmup_checkpoints"])
         grads = self.flop_seconds(model, ckpts * n * per_ex, "lora")
         losses = self.flop_seconds(model, int(s["loss_points"]) * n * per_ex, "forward")
-        return warm, grads + losses
+        return warm, grads + losses + ckpts * self.projection_seconds(ds, model)
+
+    def projection_seconds(self, ds: str, model: str) -> float:
+        """One gradient pass's projection (costmodel.projection_work: its FLOPs at the
+        training utilisation, a dense matrix's draws at DRAWS_PER_SECOND); 0 where the
+        model's architecture is unknown."""
+        config, s = self.configs.get(model), self.score
+        if config is None:
+            return 0.0
+        n = self.pool(ds)
+        per_ex = min(self.tpe[ds], float(s["max_length"]))
+        flops, draws = projection_work(lora_matrices(config, s["lora"]), int(s["dim"]),
+                                       s["projection"], n * per_ex, n,
+                                       math.ceil(n / int(s["batch_size"])))
+        return flops / (self.peak * self.mfu) + draws / DRAWS_PER_SECOND
+
+    # disk --------------------------------------------------------------------
+    def disk_bytes(self, rule: str, w: dict) -> float:
+        """Bytes a job leaves in results/: models, adapters and feature matrices (tables,
+        selections and logs are small and not counted)."""
+        model, ds = w.get("model"), w.get("dataset")
+        if rule in ("train", "train_seeds"):
+            t = self.train[model]
+            seeds = len(self.cfg["seeds"]) if rule == "train_seeds" else 1
+            config = self.configs.get(model)
+            if t["finetune"] == "lora" and not t["merge_lora"]:
+                if config is None:
+                    return 0.0
+                return seeds * 4.0 * sum(i * o for i, o in lora_matrices(config, t["lora"]))
+            bf16 = t["finetune"] == "lora" and t["device"] == "cuda" and t["precision"] != "fp32"
+            return seeds * self.params[model] * (2 if bf16 else 4)
+        if rule == "base_model":
+            hub = self.cfg["models"][model].get("source") == "hub"
+            return self.params[model] * (2 if hub else 4)  # hub checkpoints: their fp16/bf16
+        if rule in ("score", "score_shard"):  # the merge's files; each shard holds its rows
+            s = self.score
+            width = int(s["dim"]) * int(s["warmup_checkpoints"]) + int(s["loss_points"])
+            shards = int(s["shards"]) if rule == "score_shard" else 1
+            return 4.0 * self.pool(ds) * width / shards
+        if rule == "embedding_features":
+            config = self.configs.get(model)
+            return 4.0 * self.pool(ds) * (config["hidden_size"] if config else 0)
+        if rule == "tfidf_features":
+            return 4.0 * self.pool(ds) * int(self.features["dim"])
+        return 0.0
 
     def embedding_seconds(self, ds: str, model: str) -> float:
         per_ex = min(self.tpe[ds], float(self.features["max_length"]))
@@ -374,7 +443,7 @@ def estimate_jobs(cfg: dict, jobs: list[dict], est: Estimator) -> list[dict]:
                 note = "merge of the shards"
         rows.append({"rule": rule, "job": ", ".join(f"{k}={v}" for k, v in w.items()),
                      "gpus": gpus, "hours": secs / 3600, "gpu_hours": secs * gpus / 3600,
-                     "note": note})
+                     "disk_gb": est.disk_bytes(rule, w) / 1e9, "note": note})
     return rows
 
 
@@ -383,14 +452,16 @@ def per_rule(rows: list[dict]) -> list[dict]:
     table: dict[str, dict] = {}
     for r in rows:
         t = table.setdefault(r["rule"], {"rule": r["rule"], "jobs": 0, "gpu_jobs": 0,
-                                         "gpu_hours": 0.0})
+                                         "gpu_hours": 0.0, "disk_gb": 0.0})
         t["jobs"] += 1
         t["gpu_jobs"] += int(r["gpus"] > 0)
         t["gpu_hours"] += r["gpu_hours"]
+        t["disk_gb"] += r["disk_gb"]
     out = sorted(table.values(), key=lambda t: -t["gpu_hours"])
     out.append({"rule": "total", "jobs": sum(t["jobs"] for t in out),
                 "gpu_jobs": sum(t["gpu_jobs"] for t in out),
-                "gpu_hours": sum(t["gpu_hours"] for t in out)})
+                "gpu_hours": sum(t["gpu_hours"] for t in out),
+                "disk_gb": sum(t["disk_gb"] for t in out)})
     return out
 
 
@@ -405,12 +476,13 @@ def _csv(rows: list[dict], fields: list[str]) -> str:
 
 
 def markdown(table: list[dict], est: Estimator, config: str) -> str:
-    lines = [f"# GPU-hours of `{config}` (estimated before submitting)", "",
-             "| rule | jobs | GPU jobs | GPU-hours |", "| --- | ---: | ---: | ---: |"]
+    lines = [f"# GPU-hours and disk of `{config}` (estimated before submitting)", "",
+             "| rule | jobs | GPU jobs | GPU-hours | disk (GB) |",
+             "| --- | ---: | ---: | ---: | ---: |"]
     for t in table:
         bold = "**" if t["rule"] == "total" else ""
         lines.append(f"| {bold}{t['rule']}{bold} | {t['jobs']} | {t['gpu_jobs']} | "
-                     f"{bold}{t['gpu_hours']:.1f}{bold} |")
+                     f"{bold}{t['gpu_hours']:.1f}{bold} | {bold}{t['disk_gb']:.1f}{bold} |")
     lines += ["", "Assumptions (`clusterft.tools.cost`, `clusterft.analysis.costmodel`; estimates, not "
               "measurements):", "",
               f"- per-GPU throughput: {est.peak:.3g} FLOP/s peak at MFU {est.mfu}; training "
@@ -421,7 +493,14 @@ def markdown(table: list[dict], est: Estimator, config: str) -> str:
               f"{est.sigma}): " + ", ".join(f"{d} {v:g}" for d, v in est.tpe.items()),
               "- train: the sampler's token plan of a stand-in pool per run (slowest rank's "
               "padded tokens per step); evaluation: per-task item and token estimates "
-              f"(generated tokens x{DECODE_PENALTY:g})", ""]
+              f"(generated tokens x{DECODE_PENALTY:g})",
+              f"- score: the projection ({est.score['projection']}, dim {est.score['dim']}) "
+              "of every example's LoRA gradient at every warm-up checkpoint is counted "
+              f"(`costmodel.projection_work`; dense: the D x dim product, and the matrix's "
+              f"draws for every batch at {DRAWS_PER_SECOND:.2g} per second), for models whose architecture is known: "
+              + (", ".join(m for m, c in est.configs.items() if c is not None) or "none"),
+              "- disk: models, LoRA adapters (float32) and feature matrices (float32) the jobs "
+              "leave in results/; tables, selections and logs not counted", ""]
     return "\n".join(lines)
 
 
@@ -441,8 +520,9 @@ def run_cost(config: str | os.PathLike, out: str | os.PathLike = "results/tables
     rows = estimate_jobs(cfg, jobs, est)
     table = per_rule(rows)
     out = str(out)
-    write_text(out + "_jobs.csv", _csv(rows, ["rule", "job", "gpus", "hours", "gpu_hours", "note"]))
-    write_text(out + ".csv", _csv(table, ["rule", "jobs", "gpu_jobs", "gpu_hours"]))
+    write_text(out + "_jobs.csv", _csv(rows, ["rule", "job", "gpus", "hours", "gpu_hours",
+                                              "disk_gb", "note"]))
+    write_text(out + ".csv", _csv(table, ["rule", "jobs", "gpu_jobs", "gpu_hours", "disk_gb"]))
     write_text(out + ".md", markdown(table, est, source))
     return table
 
@@ -493,7 +573,7 @@ def run_args(a: argparse.Namespace) -> int:
         return 2
     for t in table:
         print(f"{t['rule']:<24} {t['jobs']:>5} jobs {t['gpu_jobs']:>5} on GPUs "
-              f"{t['gpu_hours']:>10.1f} GPU-h")
+              f"{t['gpu_hours']:>10.1f} GPU-h {t['disk_gb']:>9.1f} GB")
     print(f"wrote {a.out}.csv, {a.out}.md and {a.out}_jobs.csv")
     return 0
 
