@@ -141,3 +141,24 @@ def test_anchor_plans_cover_every_index_and_respect_budgets() -> None:
     plan = kk_plan(lengths, order, ranks=4, batch=8)
     assert plan.shape == (6, 4, 8)  # 203 // 32 full global batches
     assert sorted(plan.ravel().tolist()) == sorted(order[:192].tolist())
+
+
+def test_skill_recovery_real_smoke_prints_the_table_last(tmp_path) -> None:
+    """SmolLM2-135M end to end on a few examples per pool (model conversion included): every
+    pool x k x feature kind gets an ARI and an NMI, in the CSV and in the table printed last."""
+    import csv
+
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "skill_recovery_real.py"),
+                          "--smoke", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    table = [ln for ln in lines[-8:] if ln.startswith("| ") and "---" not in ln]
+    assert table[0].split("|")[1].strip() == "pool" and len(table) == 1 + 3 * 2
+    assert {ln.split("|")[1].strip() for ln in table[1:]} == {"skills", "icd10", "pycode"}
+    assert "ARI gradient" in table[0] and "NMI loss" in table[0]
+    rows = list(csv.DictReader((tmp_path / "skill_recovery_real.csv").open()))
+    assert len(rows) == 3 * 2 * 4  # pools x (config k, label k) x feature kinds
+    assert {r["features"] for r in rows} == {"gradient", "embedding", "tfidf", "loss"}
+    assert all(-1 <= float(r["ari"]) <= 1 and 0 <= float(r["nmi"]) <= 1 for r in rows)
+    assert (tmp_path / "skill_recovery_real.md").read_text().strip() == "\n".join(lines[-8:])
