@@ -105,10 +105,15 @@ def adapter_base(model_dir: str | os.PathLike) -> str | None:
     return str(base)
 
 
+def unwrapped(model):
+    """The model inside a DDP wrapper (a peft model has a `module` of its own: kept)."""
+    return model.module if hasattr(model, "module") and not hasattr(model, "peft_config") else model
+
+
 def save_adapter_dir(model, tokenizer, out_dir: str | os.PathLike) -> None:
     """Save a LoRA run as a peft adapter folder (adapter weights + config naming the base,
     and the tokenizer), atomically: megabytes where a merged 13B copy is 26-52 GB."""
-    m = model.module if hasattr(model, "module") and not hasattr(model, "peft_config") else model
+    m = unwrapped(model)
     if not hasattr(m, "peft_config"):
         raise InputError("not a peft model: only LoRA runs save an adapter", field="train.finetune")
     with atomic_path(out_dir, is_dir=True) as tmp:
@@ -118,7 +123,7 @@ def save_adapter_dir(model, tokenizer, out_dir: str | os.PathLike) -> None:
 
 def plain_model(model):
     """The plain HF model to save: DDP unwrapped, LoRA merged into the weights."""
-    m = model.module if hasattr(model, "module") and not hasattr(model, "peft_config") else model
+    m = unwrapped(model)
     if hasattr(m, "merge_and_unload"):
         m = m.merge_and_unload()
     m.config.use_cache = True
