@@ -9,7 +9,6 @@ read the file), and kept under the cache with the wheel's name, so a second call
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -64,10 +63,3 @@ def wheel_member(spec: str, member: str, cache: str | os.PathLike | None = None)
                 out.write(chunk)
     return dest
 
-
-def sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
