@@ -104,6 +104,19 @@ def test_stage_config_file(tmp_path, variant):
     assert parse_section_arg(str(files[variant]), "train") == {"epochs": 2, "lr": 1.0e-3}
 
 
+def test_an_inline_section_longer_than_a_file_name_is_read_as_a_mapping():
+    """The paper's train sections, passed inline by the rules, outgrow a file name (255
+    bytes): read as the mapping they are, not looked up as a file (OSError before)."""
+    import json
+
+    from clusterft.pipeline.sections import parse_section_arg
+
+    cfg = {"lora": {"target_modules": [f"module_{i}" for i in range(40)]}, "lr": 2e-5}
+    text = json.dumps(cfg)
+    assert len(text) > 255
+    assert parse_section_arg(text, "train") == cfg
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_run_tables(tmp_path, variant):
     from clusterft.pipeline.io import read_json

@@ -13,6 +13,17 @@ from clusterft.pipeline.errors import InputError
 from clusterft.pipeline.io import read_text
 
 
+def _is_file(value: str) -> bool:
+    """Whether ``value`` names an existing file; an inline mapping longer than a file name
+    may be (the paper's train sections: OSError 'File name too long') is not one."""
+    if value.lstrip().startswith("{"):
+        return False
+    try:
+        return Path(value).exists()
+    except OSError:
+        return False
+
+
 def parse_section_arg(value: str | None, section: str) -> dict:
     """A stage's ``--config``: a YAML/JSON file path or an inline JSON/YAML mapping.
 
@@ -20,14 +31,20 @@ def parse_section_arg(value: str | None, section: str) -> dict:
     """
     if not value:
         return {}
-    if Path(value).exists():
+    if _is_file(value):
         try:
             cfg = yaml.safe_load(read_text(value)) or {}
         except yaml.YAMLError as e:
             raise InputError(f"malformed YAML/JSON: {e}", path=value) from e
     else:
+        try:  # JSON first: YAML 1.1 reads JSON's 2e-05 as a string
+            import json
+
+            cfg = json.loads(value)
+        except ValueError:
+            cfg = None
         try:
-            cfg = yaml.safe_load(value)
+            cfg = yaml.safe_load(value) if cfg is None else cfg
         except yaml.YAMLError as e:
             raise InputError(f"--config is neither a file nor valid JSON/YAML: {e}") from e
     if not isinstance(cfg, dict):
@@ -57,13 +74,21 @@ def check_keys(defaults: dict[str, Any], cfg: dict[str, Any] | None, section: st
             raise InputError(f"unknown key '{k}'; allowed here: {', '.join(sorted(defaults))}",
                              field=field)
         d = defaults[k]
-        if not _fits(d, v):
+        auto = k in AUTO_KEYS and _kind(d) is int
+        if not _fits(d, v) and not (auto and v == "auto"):
             hint = (" (YAML reads a number without a dot, such as 1e-3, as a string: write "
-                    "1.0e-3)" if isinstance(v, str) and _kind(d) in (int, float) else "")
-            raise InputError(f"must be {_KINDS[_kind(d)]}, got {v!r}{hint}", field=field)
+                    "1.0e-3)" if isinstance(v, str) and _kind(d) in (int, float) and not auto
+                    else "")
+            want = f"{_KINDS[_kind(d)]} or 'auto'" if auto else _KINDS[_kind(d)]
+            raise InputError(f"must be {want}, got {v!r}{hint}", field=field)
         if isinstance(d, dict) and k not in free:
             check_keys(d, v, field)
 
+
+# Keys that also take the string "auto" where their default is an integer: score's,
+# features' and train's max_length, measured from the run's pool by the stage that reads
+# it (clusterft.modeling.lengths).
+AUTO_KEYS = ("max_length",)
 
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
           list: "a list", dict: "a mapping"}
