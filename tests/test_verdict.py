@@ -149,3 +149,33 @@ def test_speed_claim_is_read_against_the_cost_model_noise(tmp_path):
     row = claims[claims["claim"] == "faster than the usual distribution at 4 GPUs"].iloc[0]
     assert row["verdict"] == "inconclusive (within the CPU-rank noise ±0.240)"
     assert "cost model predicts 0.980" in row["ours"] and "GPU default 0.970" in row["ours"]
+
+
+def test_skill_recovery_of_an_unlabelled_pool_is_not_applicable(tmp_path):
+    """A hub pool without a label column (every example 'unlabelled': ARI 0 for every
+    feature kind) gets no 'best' feature: the diagnosis row says it does not apply. A
+    labelled pool still names the best one (the rehearsal's report called 'loss' best on
+    an unlabelled pool before)."""
+    df = runs_frame(tmp_path, {"full": 0.8, "random": 0.5, "cluster": 0.5})
+    cmp = verdict.comparisons(df, 0.31, n_boot=100)
+    tt = pd.DataFrame([
+        {"dataset": "d", "model": "m", "method": "cluster", "fraction": 0.31, "gpus": 4,
+         "distribution": dist, "epochs": "1", "precision": "fp32", "n_seeds": 1,
+         "wall_time_s_mean": 10.0, "ratio_to_full": 0.5, "imbalance_mean": 1.0}
+        for dist in ("balanced", "random")])
+    ids = [f"x{i}" for i in range(6)]
+    write_parquet(tmp_path / "c.parquet", pd.DataFrame({"id": ids, "cluster": [0, 0, 1, 1, 2, 2]}))
+    ls = pd.DataFrame(columns=["dataset", "model", "budget"])
+    cfg = {"claim_budget": 0.31, "near_full_tolerance": 0.02}
+    got = {}
+    for name, truth in (("none", ["unlabelled"] * 6), ("some", ["a", "a", "b", "b", "c", "c"])):
+        write_parquet(tmp_path / f"{name}.parquet", pd.DataFrame({"id": ids, "label": truth}))
+        sr = verdict.skill_recovery([{"dataset": "d", "model": "m", "seed": 0, "features": f,
+                                      "clusters": str(tmp_path / "c.parquet"),
+                                      "labels": str(tmp_path / f"{name}.parquet")}
+                                     for f in ("gradient", "loss")])
+        claims = verdict.claims_table(cmp, tt, verdict.skill_recovery_summary(sr), ls, cfg)
+        got[name] = claims[claims["claim"] == "skill recovery (diagnosis)"]["verdict"].tolist()
+    assert got["none"] == ["not applicable: the pool carries no skill labels (map a `label` "
+                           "column to measure it)"]
+    assert len(got["some"]) == 1 and got["some"][0].endswith("best")

@@ -55,7 +55,8 @@ def skill_recovery(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
             raise InputError(f"{len(missing)} clustered ids have no label (e.g. {missing[:3]}): "
                              "clusters and labels of different pools", path=str(r["clusters"]))
         agree = cluster_agreement(c["cluster"].to_numpy(), np.array([of[i] for i in ids]))
-        rows.append({k: r[k] for k in ("dataset", "model", "seed", "features")} | agree)
+        rows.append({k: r[k] for k in ("dataset", "model", "seed", "features")} | agree
+                    | {"n_labels": len(set(of.values()))})
     return pd.DataFrame(rows)
 
 
@@ -64,6 +65,8 @@ def skill_recovery_summary(sr: pd.DataFrame) -> pd.DataFrame:
     out = []
     for key, g in sr.groupby(["dataset", "model", "features"], sort=False):
         row = dict(zip(["dataset", "model", "features"], key))
+        if "n_labels" in g:
+            row["n_labels"] = int(g["n_labels"].max())
         for m in ("ari", "nmi", "purity", "label_coverage"):
             row[m], row[f"{m}_ci"], row["n_seeds"] = mean_ci(g[m].to_numpy())
         out.append(row)
@@ -328,7 +331,12 @@ def claims_table(cmp: pd.DataFrame, tt: pd.DataFrame, sr: pd.DataFrame, ls: pd.D
                 "MDE at alpha 0.05, power 0.8", "the benchmark can tell selections apart"
                 if q["clears"] else "the benchmark cannot tell selections apart")
         s = sr[(sr["dataset"] == cell[0]) & (sr["model"] == cell[1])]
-        if not s.empty:
+        unlabelled = "n_labels" in s and not s.empty and int(s["n_labels"].max()) < 2
+        if unlabelled:  # a hub pool without a label column: one label, ARI 0 for all
+            add("skill recovery (diagnosis)", cell, "clusters by the skill taught", "-",
+                "ARI of clusters vs true labels", "not applicable: the pool carries no skill "
+                "labels (map a `label` column to measure it)")
+        elif not s.empty:
             add("skill recovery (diagnosis)", cell, "clusters by the skill taught",
                 "; ".join(f"{x.features} ARI {x.ari:.2f}±{_nan(x.ari_ci)}" for x in s.itertuples()),
                 "ARI of clusters vs true labels, mean ± 95% CI over seeds",
