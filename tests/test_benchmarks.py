@@ -162,3 +162,28 @@ def test_skill_recovery_real_smoke_prints_the_table_last(tmp_path) -> None:
     assert {r["features"] for r in rows} == {"gradient", "embedding", "tfidf", "loss"}
     assert all(-1 <= float(r["ari"]) <= 1 and 0 <= float(r["nmi"]) <= 1 for r in rows)
     assert (tmp_path / "skill_recovery_real.md").read_text().strip() == "\n".join(lines[-8:])
+
+
+def test_gpu_rehearsal_cpu_quick_path(tmp_path) -> None:
+    """The GPU rehearsal's CPU path at tiny sizes (bf16 autocast over float32 weights, as a
+    CPU runs it): every step runs, every check that applies on a CPU passes, the GPU-only
+    figures read n/a, and the table is printed last (no GPU figure is asserted here)."""
+    import json
+
+    out = tmp_path / "rehearsal.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_rehearsal.py"),
+                           "--device", "cpu", "--quick", "--precision", "bf16", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["meta"]["device"] == "cpu" and r["model"]["kind"] == "tiny"
+    assert set(r["checks"]) >= {"load: base dtype float32", "score: LoRA float32",
+                                "score: projected rows float32", "score: cosine to fp32 >= 0.95",
+                                "train: grouped: only NOT_KEPT.json",
+                                "train: padded: adapter saved", "generate: generated"}
+    assert all(r["checks"].values()), r["checks"]
+    assert r["load"]["allocated_bytes"] is None  # a CPU has no allocator figures
+    assert r["score"]["precision"] == "bf16" and r["train"]["padded"]["precision"] == "bf16"
+    assert 0.95 <= r["score"]["cosine_to_fp32"]["min"] < 1.0  # autocast did run
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1].startswith("| total") and any("cosine to fp32" in ln for ln in lines[-30:])

@@ -44,7 +44,8 @@ def test_defaults_kinds_documented():
 
     import clusterft.stages.features.representations as features
 
-    assert set(DEFAULTS) == {"batch_size", "max_length", "dim", "device", "num_threads"}
+    assert set(DEFAULTS) == {"batch_size", "max_length", "max_length_quantile", "max_length_cap",
+                             "dim", "device", "precision", "num_threads"}
     assert KINDS == ("embedding", "tfidf")
     src = inspect.getsource(features)
     for key in DEFAULTS:

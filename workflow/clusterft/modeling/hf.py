@@ -24,6 +24,11 @@ def resolve_model(spec: str, allow_downloads: bool = False, field: str = "model"
         raise InputError("no model given", field=field)
     p = Path(spec).expanduser()
     if p.exists():
+        if (p / NOT_KEPT).is_file():
+            raise InputError(f"'{spec}' is the folder of a run that was only timed: it kept no "
+                             f"model ({NOT_KEPT}; train.keep_model false, which the workflow "
+                             "sets for the time-only runs that nothing evaluates)",
+                             path=str(p), field=field)
         if need_config and not (p / "config.json").exists():
             raise InputError(f"'{spec}' exists but holds no config.json (not an HF model dir)",
                              path=str(p), field=field)
@@ -38,6 +43,8 @@ def resolve_model(spec: str, allow_downloads: bool = False, field: str = "model"
 
 
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.pt", "*.gguf")
+# The one file in the model folder of a run that keeps no model (train.keep_model: false).
+NOT_KEPT = "NOT_KEPT.json"
 
 
 def check_weights(model_dir: str | os.PathLike, field: str = "model") -> None:
@@ -128,6 +135,30 @@ def plain_model(model):
         m = m.merge_and_unload()
     m.config.use_cache = True
     return m
+
+
+def saved_bytes(model, adapter: bool) -> int:
+    """The bytes of the weights a save would write: the LoRA adapters' (``adapter``) or,
+    else, every parameter of the plain model (LoRA merged: the base's parameters), each at
+    its dtype's size; tied weights count once. The tokenizer's few MB are not counted."""
+    m = unwrapped(model)
+    if adapter:
+        return int(sum(p.numel() * p.element_size() for n, p in m.named_parameters()
+                       if "lora_" in n))
+    if hasattr(m, "get_base_model"):  # peft: the merged copy has the base's shapes and dtypes
+        m = m.get_base_model()
+    return int(sum(p.numel() * p.element_size() for n, p in m.named_parameters()
+                   if "lora_" not in n))
+
+
+def save_not_kept(out_dir: str | os.PathLike, info: dict) -> None:
+    """A model folder that holds only ``NOT_KEPT.json`` (``info``: why, the run, the bytes a
+    save would have taken), atomically: what a run that keeps no model leaves."""
+    import json
+
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        (Path(tmp) / NOT_KEPT).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n",
+                                          encoding="utf-8")
 
 
 def save_model_dir(model, tokenizer, out_dir: str | os.PathLike, extra=None) -> None:

@@ -58,6 +58,8 @@ import numpy as np
 
 from clusterft.pipeline import provenance
 from clusterft.modeling.distributed import DEVICES, resolve_device
+from clusterft.modeling.lengths import check_keys as check_lengths
+from clusterft.modeling.lengths import is_auto, resolve_lengths
 from clusterft.pipeline.errors import InputError
 from clusterft.pipeline.rows import pool_scores
 from clusterft.pools.poolfile import load_pool
@@ -69,13 +71,23 @@ DEFAULTS: dict = {
     # Examples per batched forward pass (embedding only).
     "batch_size": 16,
     # Examples are tokenised like training and truncated to this many tokens (embedding
-    # only; see clusterft.modeling.tokenize).
+    # only; see clusterft.modeling.tokenize). auto: measured from the run's pool, as
+    # score.max_length auto (clusterft.modeling.lengths).
     "max_length": 256,
+    # max_length auto: the share of the pool's examples that fit uncut.
+    "max_length_quantile": 0.99,
+    # max_length auto: never more than this many tokens (nor the model's context).
+    "max_length_cap": 4096,
     # TruncatedSVD components (tfidf only; capped at min(pool size, vocabulary size)).
     # The embedding's dimension is the model's hidden size.
     "dim": 128,
     # Device of the embedding pass: auto (cuda if available, else cpu), cpu, cuda, cuda:N.
     "device": "auto",
+    # auto | bf16 | fp32 (embedding only), as score.precision: bf16 runs the forward passes
+    # under bfloat16 autocast and, on a CUDA GPU, loads the frozen base in bfloat16 straight
+    # onto it (clusterft.modeling.precision.base_dtype); the mean over tokens is float32.
+    # auto = bf16 on a CUDA GPU with bf16, fp32 on every CPU.
+    "precision": "auto",
     # Torch intra-op threads (embedding) and BLAS threads (tfidf's SVD); 0 leaves them as
     # they are (run_features' `threads` argument, e.g. Snakemake's, when given).
     "num_threads": 1,
@@ -97,10 +109,16 @@ def merge_cfg(cfg: dict | None) -> dict:
     for key in ("dim", "batch_size"):
         if int(out[key]) < 1:
             raise InputError(f"must be >= 1, got {out[key]}", field=f"features.{key}")
-    if int(out["max_length"]) < 4:
+    check_lengths(out, "features")
+    if not is_auto(out["max_length"]) and int(out["max_length"]) < 4:
         raise InputError(f"must be >= 4, got {out['max_length']}", field="features.max_length")
     if int(out["num_threads"]) < 0:
         raise InputError(f"must be >= 0, got {out['num_threads']}", field="features.num_threads")
+    from clusterft.modeling.precision import PRECISIONS
+
+    if out["precision"] not in PRECISIONS:
+        raise InputError(f"unknown value '{out['precision']}'; valid: {', '.join(PRECISIONS)}",
+                         field="features.precision")
     dev = str(out["device"])
     if dev not in (*DEVICES, "mps") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
         raise InputError(f"unknown device '{dev}'; valid: {', '.join(DEVICES)}, cuda:N, mps",
@@ -150,8 +168,11 @@ def embedding_features(model, tokenizer, examples: Sequence[dict], cfg: dict | N
     ``model`` is an HF causal LM (or its base model); it is left as it was on return
     (weights, training flag, device). Deterministic: the features depend on no seed.
     """
+    import contextlib
+
     import torch
 
+    from clusterft.modeling.precision import autocast, resolve_precision
     from clusterft.modeling.tokenize import collate, encode_truncated
 
     cfg = merge_cfg(cfg)
@@ -160,8 +181,10 @@ def embedding_features(model, tokenizer, examples: Sequence[dict], cfg: dict | N
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
         raise InputError("tokenizer has no pad token", field="model")
+    cfg, _ = resolve_lengths(cfg, "features", tokenizer, examples)  # auto: these examples'
     encoded, _ = encode_truncated(tokenizer, examples, int(cfg["max_length"]))
     device = resolve_device(cfg["device"], "features.device")
+    precision = resolve_precision(cfg["precision"], device, "features.precision")
     base = _base_model(model)
     first = next(model.parameters(), None)
     home = first.device if first is not None else torch.device("cpu")
@@ -175,7 +198,9 @@ def embedding_features(model, tokenizer, examples: Sequence[dict], cfg: dict | N
     try:
         model.to(device)
         model.eval()
-        with torch.no_grad():
+        # fp32: no context at all, so the embedded default computes as it always did
+        with torch.no_grad(), (autocast(device, precision) if precision == "bf16"
+                               else contextlib.nullcontext()):
             for lo in range(0, len(order), bs):
                 idx = order[lo:lo + bs]
                 batch = collate([encoded[i] for i in idx], pad_id)
@@ -193,6 +218,21 @@ def embedding_features(model, tokenizer, examples: Sequence[dict], cfg: dict | N
         model.to(home)
         torch.set_num_threads(threads)
     return normalize_rows(rows, examples, "the model's hidden states average to zero")
+
+
+def _load_kwargs(cfg: dict) -> dict:
+    """load_causal_lm's dtype and device for the embedding pass: a frozen base in bfloat16
+    straight onto a CUDA device in bf16 (``precision.base_dtype``); nothing on a CPU, where
+    the base loads float32 as before."""
+    import torch
+
+    from clusterft.modeling.precision import base_dtype, resolve_precision
+
+    device = torch.device(resolve_device(cfg["device"], "features.device"))
+    if device.type != "cuda":
+        return {}
+    precision = resolve_precision(cfg["precision"], device, "features.precision")
+    return {"dtype": base_dtype(precision, device, "lora"), "device": device}
 
 
 # --------------------------------------------------------------------------- tfidf
@@ -294,7 +334,7 @@ def run_features(kind: str, pool: str | os.PathLike, out_features: str | os.Path
     t0 = time.perf_counter()
     records = load_pool(pool)
     t_records, t_tasks, t_dirs = resolve_targets(targets) if targets is not None else (None, [], [])
-    target_rows = None
+    target_rows, lengths = None, {}
     if kind == "embedding":
         from clusterft.modeling.hf import load_causal_lm, load_tokenizer, resolve_model
 
@@ -304,7 +344,8 @@ def run_features(kind: str, pool: str | os.PathLike, out_features: str | os.Path
         checked = provenance.check_inputs({"model": path, "pool": pool, "items": t_dirs or None},
                                           f"features-{kind}")
         tok = load_tokenizer(path)
-        model = load_causal_lm(path)
+        cfg, lengths = resolve_lengths(cfg, "features", tok, records, path)  # max_length auto
+        model = load_causal_lm(path, **_load_kwargs(cfg))
         features = embedding_features(model, tok, records, cfg)
         if t_records is not None:  # a pass of its own, after the pool's
             target_rows = embedding_features(model, tok, t_records, cfg)
@@ -320,9 +361,9 @@ def run_features(kind: str, pool: str | os.PathLike, out_features: str | os.Path
         outputs.update(write_outputs(out_targets, out_target_ids, target_rows, t_records,
                                      t_tasks, features.shape[1]))
     provenance.write(outputs, f"features-{kind}", checked, inherit=("pool", "model", "items"),
-                     run_key="score_run", config={"kind": kind, **cfg}, seed=seed)
+                     run_key="score_run", config={"kind": kind, **cfg, **lengths}, seed=seed)
     info = {"kind": kind, "n": len(records), "dim": int(features.shape[1]),
-            "seconds": round(time.perf_counter() - t0, 2)}
+            "seconds": round(time.perf_counter() - t0, 2), **lengths}
     if target_rows is not None:
         info["n_targets"] = len(target_rows)
     log.info("%s features of %d examples (dim %d) in %.1fs", kind, info["n"], info["dim"],

@@ -47,7 +47,14 @@ DEFAULTS: dict = {
     "batch_size": 16,
     # Examples are tokenised like training and truncated to this many tokens (response
     # cut at the right first; see clusterft.modeling.tokenize). Every example keeps >= 1 loss token.
+    # auto: measured from the run's pool by the job (clusterft.modeling.lengths: the
+    # max_length_quantile quantile of its examples' token lengths, rounded up to a multiple
+    # of 64, at most max_length_cap and the model's context), recorded in the provenance.
     "max_length": 256,
+    # max_length auto: the share of the pool's examples that fit uncut.
+    "max_length_quantile": 0.99,
+    # max_length auto: never more than this many tokens (nor the model's context).
+    "max_length_cap": 4096,
     # LoRA adapters whose gradients are the features (keys in clusterft.modeling.lora; their
     # dropout acts during the warm-up only: gradients are computed in eval mode).
     "lora": copy.deepcopy(LORA_DEFAULTS),
@@ -102,6 +109,12 @@ DEFAULTS: dict = {
     "attn_implementation": None,
     # Device: auto (cuda if available, else cpu), cpu, cuda, cuda:N.
     "device": "auto",
+    # auto | bf16 | fp32, as train.precision: bf16 runs the forward passes (warm-up, loss
+    # passes, gradient pass) under bfloat16 autocast, and on a CUDA GPU loads the frozen base
+    # in bfloat16 straight onto it (half the memory: clusterft.modeling.precision.base_dtype);
+    # the LoRA weights, the warm-up's AdamW state and the per-example gradients that are
+    # projected stay float32. auto = bf16 on a CUDA GPU with bf16, fp32 on every CPU.
+    "precision": "auto",
     # Torch intra-op threads; 0 uses run_score's `threads` argument (Snakemake's), else
     # torch's default. Default 1: the score rule books one core, so Snakemake runs as many
     # scoring jobs side by side as there are cores; whether a second thread speeds one job

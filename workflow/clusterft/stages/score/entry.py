@@ -37,7 +37,7 @@ from clusterft.stages.score.gradients import lora_parameters
 from clusterft.stages.score.merge import (TARGET_SHARD, SHARD_FORMAT, assemble, check_cover,
                                           load_shard, pool_features, save_shard,
                                           target_features, write_score)
-from clusterft.stages.score.model import num_threads, scoring_model
+from clusterft.stages.score.model import load_base, num_threads, scoring_model
 from clusterft.stages.score.resume import Checkpoints, score_fingerprint
 from clusterft.stages.score.settings import check_shards, merge_cfg
 from clusterft.stages.score.warmup import load_warmup, loss_steps, save_warmup, warm_up
@@ -65,6 +65,7 @@ def compute_features_info(model, tokenizer, examples: Sequence[dict], cfg: dict 
         raise InputError("no target examples (targets is empty)", field="targets")
     if tokenizer.pad_token_id is None:
         raise InputError("tokenizer has no pad token", field="model")
+    cfg, _ = _resolve_lengths(cfg, examples, None, tokenizer)  # auto: these examples'
     with num_threads(cfg):
         return _one_job(model, tokenizer, examples, cfg, seed, ckpt, targets)
 
@@ -104,7 +105,8 @@ def _one_job(model, tokenizer, examples: Sequence[dict], cfg: dict, seed: int,
                     if cfg["projection"] == "kronecker" else {}),
                  "checkpoint_steps": [int(c["step"]) for c in checkpoints],
                  "checkpoint_weights": weights, "method": cfg["method"],
-                 "device": scoring.device, "warmup_seconds": round(t_warm, 2),
+                 "device": scoring.device, "precision": scoring.precision,
+                 "warmup_seconds": round(t_warm, 2),
                  "seconds": round(time.perf_counter() - t0, 2)})
     return features, scores, norms[-1], info
 
@@ -155,16 +157,34 @@ def _encode_all(tokenizer, examples: Sequence[dict], cfg: dict, what: str = "exa
     return encode_truncated(tokenizer, examples, int(cfg["max_length"]), what)
 
 
+def _resolve_lengths(cfg: dict, records: Sequence[dict], path: str | None, tok=None
+                     ) -> tuple[dict, dict]:
+    """score.max_length auto measured on the pool (clusterft.modeling.lengths): (cfg with an
+    integer max_length, what the job records: {} for a fixed value). Before any fingerprint:
+    runs and their checkpoints are told apart by the resolved value."""
+    from clusterft.modeling.lengths import is_auto, resolve_lengths
+
+    if not is_auto(cfg["max_length"]):
+        return cfg, {}
+    if tok is None:
+        from clusterft.modeling.hf import load_tokenizer
+
+        tok = load_tokenizer(path)
+    return resolve_lengths(cfg, "score", tok, records, path)
+
+
 def _check_length_policy(tok, records: Sequence[dict], length_policy: dict | None,
                          pool: Any) -> None:
     """Train's length policy over the whole pool, before the model loads, so an over-long
     example under 'error' (or a pool that 'reject' would empty) stops the run here rather
     than at train."""
+    from clusterft.modeling.lengths import resolve_lengths
     from clusterft.modeling.tokenize import LENGTH_POLICY, check_length_policy
 
     if length_policy is None:
         return
-    policy = {**LENGTH_POLICY, **length_policy}
+    # train's max_length auto: the value train will resolve on this pool
+    policy, _ = resolve_lengths({**LENGTH_POLICY, **length_policy}, "train", tok, records)
     counts = check_length_policy(tok, records, int(policy["max_length"]),
                                  str(policy["truncation"]), str(pool))
     log.info("train length check: %d of %d examples longer than max_length = %s (%s)",
@@ -214,7 +234,7 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
     before the model loads. Returns the info dict (warm-up losses, timings, truncation
     count) without the trajectory array (``compute_features_info`` returns it).
     """
-    from clusterft.modeling.hf import load_causal_lm, load_tokenizer
+    from clusterft.modeling.hf import load_tokenizer
     from clusterft.tasks.targets import check_outputs, resolve_targets
 
     cfg, records, path = _prepare(model_dir, pool, cfg, threads)
@@ -223,8 +243,9 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
     checked = provenance.check_inputs({"model": path, "pool": pool, "items": t_dirs or None},
                                       "score")
     tok = load_tokenizer(path)
+    cfg, lengths = _resolve_lengths(cfg, records, path, tok)
     _check_length_policy(tok, records, length_policy, pool)
-    model = load_causal_lm(path)
+    model = load_base(path, cfg)
     ckpt_dir = Path(str(out_features) + ".ckpt")
     ckpt = (Checkpoints(ckpt_dir, _fingerprint(cfg, seed, path, pool))
             if int(cfg["checkpoint_every"]) > 0 else None)
@@ -232,7 +253,9 @@ def run_score(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg: dict |
                                                           t_records)
     write_score(_outs(out_features, out_scores, out_trajectories, out_targets, out_target_ids),
                 records, features, scores, norms, info.pop("loss_trajectories"),
-                (info.pop("target_features", None), t_records, t_tasks), checked, cfg, seed)
+                (info.pop("target_features", None), t_records, t_tasks), checked,
+                {**cfg, **lengths}, seed)
+    info.update(lengths)
     if out_targets is not None:
         info["n_targets"] = len(t_records or [])
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # the features are complete
@@ -249,12 +272,13 @@ def run_score_warmup(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg:
     """Rule ``score_warmup``: train the warm-up once and write ``out_warmup`` and its
     provenance sidecar (lineage ``score_warmup``: the shards and the merge check they use
     this one). Resumes from ``<out_warmup>.ckpt/``."""
-    from clusterft.modeling.hf import load_causal_lm, load_tokenizer
+    from clusterft.modeling.hf import load_tokenizer
 
     t0 = time.perf_counter()
     cfg, records, path = _prepare(model_dir, pool, cfg, threads)
     checked = provenance.check_inputs({"model": path, "pool": pool}, "score_warmup")
     tok = load_tokenizer(path)
+    cfg, lengths = _resolve_lengths(cfg, records, path, tok)
     _check_length_policy(tok, records, length_policy, pool)
     if tok.pad_token_id is None:
         raise InputError("tokenizer has no pad token", field="model")
@@ -262,10 +286,10 @@ def run_score_warmup(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg:
     fp = _fingerprint(cfg, seed, path, pool)
     ckpt_dir = Path(str(out_warmup) + ".ckpt")
     ckpt = Checkpoints(ckpt_dir, fp) if int(cfg["checkpoint_every"]) > 0 else None
-    with num_threads(cfg), scoring_model(load_causal_lm(path), cfg, seed) as scoring:
+    with num_threads(cfg), scoring_model(load_base(path, cfg), cfg, seed) as scoring:
         w, info = warm_up(scoring, encoded, cfg, seed, tok.pad_token_id, ckpt, fp)
     save_warmup(out_warmup, w, cfg["gradient_type"] == "adam")
-    recorded = {k: v for k, v in cfg.items() if k != "shards"}  # shared by every count
+    recorded = {**{k: v for k, v in cfg.items() if k != "shards"}, **lengths}  # every count's
     provenance.write({"warmup": out_warmup}, "score_warmup", checked,
                      inherit=("pool", "model"), own={"score_warmup": "warmup"},
                      config=recorded, seed=seed)
@@ -273,6 +297,7 @@ def run_score_warmup(model_dir: str | os.PathLike, pool: str | os.PathLike, cfg:
     out = {"n": len(records), "truncated": n_trunc,
            "checkpoint_steps": [int(c["step"]) for c in info["checkpoints"]],
            "warmup_steps": info["warmup_steps"], "warmup_resumed": info["warmup_resumed"],
+           **lengths,
            "seconds": round(time.perf_counter() - t0, 2)}
     log.info("score warm-up: %d steps on %d examples in %.1fs", info["warmup_steps"],
              info["warmup_examples"], out["seconds"])
@@ -301,6 +326,7 @@ def run_score_shard(model_dir: str | os.PathLike, pool: str | os.PathLike,
                                   else (None, [], []))
     checked = provenance.check_inputs({"model": path, "pool": pool, "warmup": warmup,
                                        "items": t_dirs or None}, "score_shard")
+    cfg, lengths = _resolve_lengths(cfg, records, path)
     w = _checked_warmup(warmup, cfg, seed, path, pool)
     lo, hi = shard_bounds(w["lengths"], int(cfg["batch_size"]), shards)[int(shard)]
     rows = np.argsort(w["lengths"], kind="stable")[lo:hi]
@@ -326,7 +352,7 @@ def run_score_shard(model_dir: str | os.PathLike, pool: str | os.PathLike,
                      "target_tasks": np.array([str(t) for t in t_tasks], dtype=str)})
     save_shard(out_shard, blob)
     provenance.write({"shard": out_shard}, "score_shard", checked,
-                     inherit=("warmup", "items"), config=cfg, seed=seed)
+                     inherit=("warmup", "items"), config={**cfg, **lengths}, seed=seed)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     secs = round(time.perf_counter() - t0, 2)
     log.info("score shard %d of %d: rows %d..%d of the length-sorted pool (%d examples%s) "
@@ -343,12 +369,10 @@ def _shard_arrays(path: str, cfg: dict, seed: int, w: dict, encoded: Sequence[di
                   what: str) -> tuple[dict, dict | None]:
     """:func:`gradient_pass` of one shard on the model at ``path`` (not loaded for an empty
     shard without targets)."""
-    from clusterft.modeling.hf import load_causal_lm
-
     if not len(rows) and enc_targets is None:
         at = loss_steps(int(w["info"]["warmup_steps"]), int(cfg["loss_points"]))
         return empty_arrays(len(w["checkpoints"]), 0, int(cfg["dim"]), len(at)), None
-    with scoring_model(load_causal_lm(path), cfg, seed) as scoring:
+    with scoring_model(load_base(path, cfg), cfg, seed) as scoring:
         return gradient_pass(scoring, cfg, w, encoded, rows, records, pad_id, enc_targets,
                              ckpt, what)
 
@@ -375,6 +399,7 @@ def run_score_merge(model_dir: str | os.PathLike, pool: str | os.PathLike,
     checked = provenance.check_inputs({"model": path, "pool": pool, "items": t_dirs or None,
                                        "warmup": warmup, "shards": list(shard_paths)},
                                       "score")
+    cfg, lengths = _resolve_lengths(cfg, records, path)
     w = _checked_warmup(warmup, cfg, seed, path, pool)
     blobs = [load_shard(p) for p in shard_paths]
     check_cover(blobs, shard_paths, shard_bounds(w["lengths"], int(cfg["batch_size"]), shards),
@@ -387,14 +412,14 @@ def run_score_merge(model_dir: str | os.PathLike, pool: str | os.PathLike,
                                               targets, weights, cfg)
     write_score(_outs(out_features, out_scores, out_trajectories, out_targets, out_target_ids),
                 records, features, scores, norms[-1], trajectories, (t_rows, t_recs, t_tasks),
-                checked, cfg, seed)
+                checked, {**cfg, **lengths}, seed)
     n_targets = len(t_recs) if t_recs is not None else 0
     log.info("merged %d shards: %d examples, %d targets", shards, len(records), n_targets)
     return {"n": len(records), "shards": shards, "n_targets": n_targets,
             "dim": int(features.shape[1]),
             "checkpoint_steps": [int(c["step"]) for c in checkpoints],
             "checkpoint_weights": weights, "warmup_steps": w["info"]["warmup_steps"],
-            "warmup_losses": w["info"]["warmup_losses"]}
+            "warmup_losses": w["info"]["warmup_losses"], **lengths}
 
 
 def _merged_targets(blob: dict, path: Any, targets: Any, weights: list[float],

@@ -10,8 +10,11 @@ example's gradient does not depend on its batch mates, so batches may be length-
 
 With ``sparse_logits`` the LM head runs only at the positions that predict a response
 token (the others carry no loss): the same losses and gradients up to float rounding, for
-less head work. ``gradient_type: adam`` swaps the gradient for LESS's Adam-preconditioned
-direction (:func:`adam_direction`) from the warm-up optimiser's moments. With
+less head work. With ``score.precision: bf16`` the forward passes run under bfloat16
+autocast (:func:`forward_autocast`) and the per-example gradients are formed and projected
+from float32 copies of ``x`` and ``dy``, outside it. ``gradient_type: adam`` swaps the
+gradient for LESS's Adam-preconditioned direction (:func:`adam_direction`) from the
+warm-up optimiser's moments. With
 ``projection: kronecker`` the hook path projects ``x`` and ``dy`` before their product
 (:func:`grads_hook_kronecker`), so no per-example ``dW`` is ever formed.
 """
@@ -22,6 +25,25 @@ from typing import Any, Callable
 
 from clusterft.pipeline.errors import InputError
 from clusterft.stages.score.settings import ADAM_BETAS, ADAM_EPS
+
+
+def forward_autocast(model, precision: str | None):
+    """The context of ``model``'s forward passes for a ``score.precision`` value: bfloat16
+    autocast on the model's device for ``bf16`` (``auto``: on a CUDA GPU with bf16, else
+    fp32), no context at all for ``fp32`` (or None), so an fp32 run computes exactly as it
+    did before the setting existed. Backward passes run outside it (in the forward's
+    dtypes); gradients are formed and projected in float32."""
+    import contextlib
+
+    from clusterft.modeling.precision import autocast, resolve_precision
+
+    if precision in (None, "fp32"):
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device
+    if precision == "auto":  # auto never warns; an explicit bf16 warned where it was resolved
+        precision = resolve_precision(precision, device, "score.precision")
+    return autocast(device, precision) if precision == "bf16" else contextlib.nullcontext()
+
 
 def lora_parameters(model) -> list[tuple[str, Any]]:
     """Trainable parameters in ``named_parameters`` order (the feature flattening order).
@@ -108,7 +130,7 @@ def _check_right_padded(batch: dict) -> None:
         raise ValueError("per-example gradients need right-padded batches")
 
 
-def _hook_capture(model, batch: dict, sparse: bool = False
+def _hook_capture(model, batch: dict, sparse: bool = False, precision: str | None = None
                   ) -> tuple[list[tuple[str, str]], dict[str, list]]:
     """One batched forward/backward for the hook method: (plan, calls). ``plan``: (module
     name, "weight"|"bias") per trainable parameter, in parameter order; ``calls``: module
@@ -117,6 +139,8 @@ def _hook_capture(model, batch: dict, sparse: bool = False
     Every trainable parameter must be the weight (or bias) of an ``nn.Linear`` (peft LoRA
     linear adapters); anything else raises (use ``method: func``). ``sparse``: the LM head
     at the label positions only (:func:`example_losses`; the same gradients up to rounding).
+    ``precision``: the forward pass under :func:`forward_autocast` (x and dy are then
+    bfloat16 where autocast computed them; callers cast them to float32).
     """
     import torch
 
@@ -139,7 +163,7 @@ def _hook_capture(model, batch: dict, sparse: bool = False
 
     handles = [modules[m].register_forward_hook(make_hook(m)) for m in captured]
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), forward_autocast(model, precision):
             loss = example_losses(model, batch, sparse).sum()
     finally:
         for h in handles:
@@ -157,32 +181,35 @@ def _as_3d(t):
     return t.reshape(t.shape[0], -1, t.shape[-1])
 
 
-def grads_hook(model, batch: dict, sparse: bool = False):
-    """Per-example LoRA gradients [B, D] from one batched forward/backward (hook method):
-    ``dW[b] = einsum("bto,bti->boi", dy, x)`` per LoRA linear layer (``_hook_capture``)."""
+def grads_hook(model, batch: dict, sparse: bool = False, precision: str | None = None):
+    """Per-example LoRA gradients [B, D] (float32) from one batched forward/backward (hook
+    method): ``dW[b] = einsum("bto,bti->boi", dy, x)`` per LoRA linear layer
+    (``_hook_capture``), from float32 ``x`` and ``dy`` whatever dtype the forward ran in."""
     import torch
 
-    plan, calls = _hook_capture(model, batch, sparse)
+    plan, calls = _hook_capture(model, batch, sparse, precision)
     cols = []
     for mod_name, attr in plan:
         g = None
         for x, dy in calls[mod_name]:
-            x3, dy3 = _as_3d(x), _as_3d(dy)
+            x3, dy3 = _as_3d(x).float(), _as_3d(dy).float()  # no-ops in fp32
             gi = (torch.einsum("bto,bti->boi", dy3, x3) if attr == "weight" else dy3.sum(1))
             g = gi if g is None else g + gi
         cols.append(g.reshape(g.shape[0], -1))
     return torch.cat(cols, dim=1).detach()
 
 
-def grads_hook_kronecker(model, batch: dict, proj, sparse: bool = False):
+def grads_hook_kronecker(model, batch: dict, proj, sparse: bool = False,
+                         precision: str | None = None):
     """Kronecker-projected per-example LoRA gradients [B, proj.dim] (float32) from the hook
     method's captured factors: each layer's ``x`` and ``dy`` go to
     ``proj.project_layer`` (``clusterft.stages.score.projection.KroneckerProjector``), which projects
     them before their product over tokens, so no per-example [d_out, d_in] gradient is
-    formed. Equal to ``proj(grads_hook(model, batch))`` up to float rounding."""
+    formed. Equal to ``proj(grads_hook(model, batch))`` up to float rounding. The factors
+    are cast to float32 before their projection (``project_layer``), outside autocast."""
     import torch
 
-    plan, calls = _hook_capture(model, batch, sparse)
+    plan, calls = _hook_capture(model, batch, sparse, precision)
     parts = []
     with torch.no_grad():
         for i, (mod_name, attr) in enumerate(plan):
@@ -194,7 +221,7 @@ def grads_hook_kronecker(model, batch: dict, proj, sparse: bool = False):
         return proj.finish(parts)
 
 
-def grads_func(model, batch: dict):
+def grads_func(model, batch: dict, precision: str | None = None):
     """Per-example LoRA gradients [B, D] with ``torch.func.vmap(grad(functional_call))``.
 
     Needs right padding: each example runs without an attention mask (HF's mask code is
@@ -209,15 +236,16 @@ def grads_func(model, batch: dict):
     values = {n: p.detach() for n, p in model.named_parameters() if n in set(names)}
 
     def loss_fn(p: dict, ids, labels):
-        out = functional_call(model, p, args=(), kwargs={"input_ids": ids[None]})
+        with forward_autocast(model, precision):
+            out = functional_call(model, p, args=(), kwargs={"input_ids": ids[None]})
         return per_example_loss(out.logits, labels[None])[0]
 
     with torch.enable_grad():
         g = vmap(grad(loss_fn), in_dims=(None, 0, 0))(values, batch["input_ids"], batch["labels"])
-    return torch.cat([g[n].reshape(g[n].shape[0], -1) for n in names], dim=1).detach()
+    return torch.cat([g[n].reshape(g[n].shape[0], -1).float() for n in names], dim=1).detach()
 
 
-def grads_loop(model, batch: dict):
+def grads_loop(model, batch: dict, precision: str | None = None):
     """Reference: per-example LoRA gradients [B, D], one unpadded example at a time."""
     import torch
 
@@ -226,25 +254,28 @@ def grads_loop(model, batch: dict):
     lengths = batch["attention_mask"].sum(1).tolist()
     for b, length in enumerate(lengths):
         with torch.enable_grad():
-            logits = model(input_ids=batch["input_ids"][b:b + 1, :length]).logits
+            with forward_autocast(model, precision):
+                logits = model(input_ids=batch["input_ids"][b:b + 1, :length]).logits
             loss = per_example_loss(logits, batch["labels"][b:b + 1, :length])[0]
             gr = torch.autograd.grad(loss, params, allow_unused=True)
-        rows.append(torch.cat([(torch.zeros_like(p) if x is None else x).reshape(-1)
+        rows.append(torch.cat([(torch.zeros_like(p) if x is None else x).reshape(-1).float()
                                for x, p in zip(gr, params)]))
     return torch.stack(rows)
 
 
 GRAD_FNS = {"hook": grads_hook, "func": grads_func, "loop": grads_loop}
 
-def per_example_grads(model, batch: dict, method: str = "hook", sparse: bool = False):
-    """Per-example gradients [B, D] of each example's mean response loss (LoRA params).
-    ``sparse`` (hook only): the LM head at the label positions only."""
+def per_example_grads(model, batch: dict, method: str = "hook", sparse: bool = False,
+                      precision: str | None = None):
+    """Per-example gradients [B, D] (float32) of each example's mean response loss (LoRA
+    params). ``sparse`` (hook only): the LM head at the label positions only;
+    ``precision``: the forward passes' (:func:`forward_autocast`)."""
     if method not in GRAD_FNS:
         raise InputError(f"unknown method '{method}'; valid: {', '.join(GRAD_FNS)}",
                          field="score.method")
     if method == "hook":
-        return grads_hook(model, batch, sparse)
-    return GRAD_FNS[method](model, batch)
+        return grads_hook(model, batch, sparse, precision)
+    return GRAD_FNS[method](model, batch, precision)
 
 
 def adam_direction(g, exp_avg, exp_avg_sq):
@@ -262,17 +293,21 @@ def project_batch(model, batch: dict, cfg: dict, proj, moments=None):
     (exp_avg, exp_avg_sq) are given, their norms and ``proj`` of them. Kronecker: with
     method hook the blocks straight from the captured factors (:func:`grads_hook_kronecker`),
     otherwise ``proj`` of the formed gradients; the norms are the projected rows' (the
-    gradient is not formed; ``E|f|^2 = |g|^2``).
+    gradient is not formed; ``E|f|^2 = |g|^2``). The forward pass runs in
+    ``cfg["precision"]`` (:func:`forward_autocast`); the gradients, their projection and
+    norms are float32.
     """
     sparse = use_sparse_logits(model, cfg)
+    precision = cfg.get("precision", "auto")
     if cfg["projection"] == "kronecker":
         if moments is not None:
             raise InputError("projection 'kronecker' cannot give the Adam direction",
                              field="score.projection")
-        rows = (grads_hook_kronecker(model, batch, proj, sparse) if cfg["method"] == "hook"
-                else proj(per_example_grads(model, batch, cfg["method"])))
+        rows = (grads_hook_kronecker(model, batch, proj, sparse, precision)
+                if cfg["method"] == "hook"
+                else proj(per_example_grads(model, batch, cfg["method"], precision=precision)))
         return rows, rows.norm(dim=1)
-    g = per_example_grads(model, batch, cfg["method"], sparse)
+    g = per_example_grads(model, batch, cfg["method"], sparse, precision)
     if moments is not None:
         g = adam_direction(g, *moments)
     return proj(g), g.norm(dim=1)

@@ -4,7 +4,12 @@ and the projection of their gradients. The warm-up, the gradient pass of each sh
 one-job run all go through :func:`scoring_model`, so the adapters they train, load and
 differentiate are the same modules in the same order; on exit the model is as it was
 (adapters removed, modes, flags and kernel restored: ``compute_features`` hands back the
-caller's model unchanged)."""
+caller's model unchanged).
+
+Precision (``score.precision``, :func:`load_base`): with bf16 on a CUDA GPU the frozen base
+is loaded in bfloat16 straight onto the device (``precision.base_dtype``, as train's LoRA
+runs), peft keeps the adapters in float32, and the forward passes run under bfloat16
+autocast (``gradients.forward_autocast``); everywhere else the base is float32 as before."""
 
 from __future__ import annotations
 
@@ -14,17 +19,36 @@ from typing import Any, Iterator
 
 from clusterft.modeling import lora
 from clusterft.modeling.distributed import resolve_device
+from clusterft.modeling.precision import resolve_precision
 from clusterft.stages.score.projection import make_projector
 
 
 @dataclass
 class Scoring:
     """What :func:`scoring_model` yields: the model with its adapters (peft), the projector
-    of their gradients and the device both live on."""
+    of their gradients, the device both live on and the resolved precision (bf16 | fp32)."""
 
     model: Any
     proj: Any
     device: Any
+    precision: str = "fp32"
+
+
+def load_base(path: Any, cfg: dict):
+    """The frozen base of a score job from its folder ``path``, for ``cfg`` (merged): on a
+    CUDA device in bf16 (``score.precision`` bf16, or auto on a GPU with bf16) in bfloat16,
+    placed on the device while it loads (no float32 host copy of a 13B model first); on a
+    CPU in float32, exactly as before (CPU bf16 is autocast over float32 weights)."""
+    import torch
+
+    from clusterft.modeling.hf import load_causal_lm
+    from clusterft.modeling.precision import base_dtype
+
+    device = torch.device(resolve_device(cfg["device"], "score.device"))
+    if device.type != "cuda":
+        return load_causal_lm(path)
+    precision = resolve_precision(cfg["precision"], device, "score.precision")
+    return load_causal_lm(path, dtype=base_dtype(precision, device, "lora"), device=device)
 
 
 @contextlib.contextmanager
@@ -32,8 +56,10 @@ def scoring_model(model, cfg: dict, seed: int) -> Iterator[Scoring]:
     """``model`` (a base causal LM) set up for scoring with ``cfg`` (merged), restored on exit
     (it stays on the device). The projector is made before any work, so a ``dim`` that
     kronecker cannot split fails at once (its matrices come from numpy streams of their
-    own: no torch RNG is drawn)."""
+    own: no torch RNG is drawn). The precision is resolved here once (an explicit bf16 on a
+    CPU that emulates it warns, in the job's log)."""
     device = resolve_device(cfg["device"], "score.device")
+    precision = resolve_precision(cfg["precision"], device, "score.precision")
     model.to(device)
     base_training = model.training
     base_requires_grad = [p.requires_grad for p in model.parameters()]
@@ -45,7 +71,7 @@ def scoring_model(model, cfg: dict, seed: int) -> Iterator[Scoring]:
         for p in model.parameters():
             p.requires_grad_(False)
         pmodel = lora.add_lora(model, cfg["lora"], "score.lora", seed)
-        yield Scoring(pmodel, make_projector(pmodel, cfg, seed, device), device)
+        yield Scoring(pmodel, make_projector(pmodel, cfg, seed, device), device, precision)
     finally:
         if pmodel is not None:
             pmodel.unload()  # remove the adapters: the caller's model is left as it was

@@ -6,12 +6,18 @@ the score jobs (against the pool they read) both apply, so the two cannot disagr
 from __future__ import annotations
 
 from clusterft.modeling import lora
+from clusterft.modeling.lengths import check_keys as check_lengths
+from clusterft.modeling.lengths import is_auto
+from clusterft.modeling.precision import PRECISIONS
 from clusterft.pipeline.errors import InputError
 from clusterft.pipeline.sections import merge_section
 from clusterft.stages.score import DEFAULTS
 
 # Keys that change neither the warm-up nor the features: a run may resume across them.
-RESUMABLE_ACROSS = ("checkpoint_every", "num_threads", "shards")
+# (max_length_quantile and max_length_cap act through max_length, which a run fingerprints
+# as resolved: clusterft.modeling.lengths.)
+RESUMABLE_ACROSS = ("checkpoint_every", "num_threads", "shards", "max_length_quantile",
+                    "max_length_cap")
 
 METHODS = ("hook", "func")
 GRADIENT_TYPES = ("sgd", "adam")
@@ -39,12 +45,14 @@ def merge_cfg(cfg: dict | None) -> dict:
     """Return ``cfg`` merged over DEFAULTS; unknown keys and bad values raise InputError."""
     out = merge_section(DEFAULTS, cfg, "score")
     for key, valid in (("method", METHODS), ("gradient_type", GRADIENT_TYPES),
-                       ("projection", PROJECTIONS), ("attn_implementation", ATTN)):
+                       ("projection", PROJECTIONS), ("attn_implementation", ATTN),
+                       ("precision", PRECISIONS)):
         if out[key] not in valid:
             raise InputError(f"unknown value '{out[key]}'; valid: {', '.join(map(str, valid))}",
                              field=f"score.{key}")
+    check_lengths(out, "score")
     for key in ("dim", "batch_size", "max_length"):
-        if int(out[key]) < 1:
+        if not is_auto(out[key]) and int(out[key]) < 1:
             raise InputError(f"must be >= 1, got {out[key]}", field=f"score.{key}")
     if out["projection"] == "kronecker" and out["gradient_type"] == "adam":
         raise InputError("projection 'kronecker' cannot give gradient_type 'adam': LESS's "

@@ -29,8 +29,8 @@ from typing import Sequence
 import numpy as np
 
 from clusterft.pipeline.errors import InputError
-from clusterft.stages.score.gradients import (batch_loss, example_losses, lora_parameters,
-                                              set_lora, use_sparse_logits)
+from clusterft.stages.score.gradients import (batch_loss, example_losses, forward_autocast,
+                                              lora_parameters, set_lora, use_sparse_logits)
 
 
 from clusterft.stages.score.resume import Checkpoints
@@ -63,14 +63,15 @@ def loss_steps(steps: int, points: int) -> list[int]:
 
 
 def pool_losses(model, encoded: Sequence[dict], batch_size: int, pad_id: int,
-                sparse: bool = False) -> np.ndarray:
+                sparse: bool = False, precision: str | None = None) -> np.ndarray:
     """Each example's :func:`per_example_loss` under ``model`` as it is now: float32 [N] in
     the order of ``encoded``.
 
     no_grad forward passes over length-sorted batches in eval mode (no dropout, so no RNG
     draw; torch's CPU RNG is forked besides), and the model's train/eval mode is restored:
     measuring leaves a warm-up's weights and random streams exactly as they were.
-    ``sparse``: the LM head at the label positions only (:func:`example_losses`).
+    ``sparse``: the LM head at the label positions only (:func:`example_losses`);
+    ``precision``: the forward passes' (``score.precision``, :func:`forward_autocast`).
     """
     import torch
 
@@ -87,7 +88,9 @@ def pool_losses(model, encoded: Sequence[dict], batch_size: int, pad_id: int,
                 idx = order[lo:lo + batch_size]
                 batch = {k: v.to(device)
                          for k, v in collate([encoded[i] for i in idx], pad_id).items()}
-                out[idx] = example_losses(model, batch, sparse).float().cpu().numpy()
+                with forward_autocast(model, precision):
+                    losses = example_losses(model, batch, sparse)
+                out[idx] = losses.float().cpu().numpy()
     finally:
         model.train(was_training)
     return out
@@ -227,7 +230,8 @@ def _train(model, encoded: Sequence[dict], cfg: dict, seed: int, pad_id: int, rn
                 batch = collate([encoded[i] for i in order[pos:pos + bs]], pad_id)
                 pos += bs
                 batch = {k: v.to(device) for k, v in batch.items()}
-                loss = batch_loss(model, batch, sparse)
+                with forward_autocast(model, cfg["precision"]):  # float32 LoRA and AdamW
+                    loss = batch_loss(model, batch, sparse)
                 loss.backward()
                 value = float(loss.detach())
                 check_finite(value, None, step=len(out["warmup_losses"]) + 1, total=steps,
@@ -357,6 +361,6 @@ def loss_trajectories(model, w: dict, encoded: Sequence[dict], cfg: dict,
     for step in w["info"]["loss_steps"]:
         set_lora(model, w["loss_snapshots"][step])
         losses = pool_losses(model, encoded, int(cfg["batch_size"]), pad_id,
-                             use_sparse_logits(model, cfg))
+                             use_sparse_logits(model, cfg), cfg["precision"])
         traj[:, [j for j, s in enumerate(at) if s == step]] = losses[:, None]
     return traj
