@@ -105,10 +105,11 @@ def test_gpu_hours_arithmetic_on_a_small_config(tmp_path: Path) -> None:
     assert gpu["evaluate"] == pytest.approx(2 * one_eval, rel=1e-9)
     assert gpu["evaluate_base"] == pytest.approx(one_eval, rel=1e-9)
     assert table[-1]["gpu_hours"] == pytest.approx(sum(t["gpu_hours"] for t in table[:-1]))
-    # disk: 4 LoRA adapters (paper.yaml's r 128 on q/k/v/o, float32, not merged), the 7B
-    # base as its fp16 checkpoint, score's features (dim 8192 + 5 loss points per example)
+    # disk: 2 LoRA adapters (paper.yaml's r 128 on q/k/v/o, float32, not merged: the two
+    # evaluated runs; the 2 runs that are only timed keep no model), the 7B base as its fp16
+    # checkpoint, score's features (dim 8192 + 5 loss points per example)
     disk = {t["rule"]: t["disk_gb"] for t in table}
-    assert disk["train"] == pytest.approx(4 * 4 * 32 * 4 * 128 * (4096 + 4096) / 1e9, rel=1e-9)
+    assert disk["train"] == pytest.approx(2 * 4 * 32 * 4 * 128 * (4096 + 4096) / 1e9, rel=1e-9)
     assert disk["base_model"] == pytest.approx(2 * N / 1e9, rel=1e-9)
     assert disk["score"] == pytest.approx(4 * 6400 * (8192 + 5) / 1e9, rel=1e-9)
     assert table[-1]["disk_gb"] == pytest.approx(sum(t["disk_gb"] for t in table[:-1]))

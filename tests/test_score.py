@@ -399,3 +399,49 @@ def test_sparse_logits_only_where_the_architecture_allows_and_checked():
     with pytest.raises(InputError, match="true or false") as err:
         merge_cfg({"sparse_logits": "yes"})
     assert err.value.field == "score.sparse_logits"
+
+
+def _spread_pool(n: int = 24) -> list[dict]:
+    """Examples whose responses grow from 0 to 2(n-1) words: tiny-tokenizer lengths 34-216."""
+    words = ("alpha", "beta", "gamma", "delta")
+    return [{"id": f"spread-{i:02d}", "source": "test/spread",
+             "messages": [{"role": "user", "content": f"Say {i} words."},
+                          {"role": "assistant",
+                           "content": " ".join(words[j % 4] for j in range(2 * i)) or "none"}]}
+            for i in range(n)]
+
+
+def test_max_length_auto_is_measured_on_the_pool_and_recorded(tmp_path, tiny_model_dir, tiny):
+    """score.max_length: auto is the quantile of the pool's token lengths (rounded up to 64,
+    at most the model's context), the run cuts at it, and its provenance records it; train's
+    auto length policy is checked at the value train will resolve."""
+    from clusterft.modeling.lengths import example_lengths, resolve_max_length
+    from clusterft.pipeline import provenance
+    from clusterft.pipeline.io import write_jsonl
+
+    _, tok = tiny
+    pool = _spread_pool()
+    path = tmp_path / "pool.jsonl"
+    write_jsonl(path, pool)
+    lengths = example_lengths(tok, pool)
+    want = resolve_max_length(lengths, 0.75, 64, 256)
+    assert want == 192 < max(lengths)  # the 18th of 24 lengths, 160, rounded up; 3 are cut
+    feats = tmp_path / "f" / "features.npy"
+    cfg = {**FAST, "max_length": "auto", "max_length_quantile": 0.75}
+    info = run_score(tiny_model_dir, path, cfg, feats, tmp_path / "f" / "scores.parquet",
+                     seed=0, threads=1)
+    source = f"auto q0.75 of {len(pool)} examples"
+    assert info["max_length"] == want and info["max_length_source"] == source
+    assert info["truncated"] == sum(n > want for n in lengths) > 0
+    recorded = provenance.read(feats)["config"]
+    assert recorded["max_length"] == want and recorded["max_length_source"] == source
+    # the features equal a run with the resolved value written out (only the record differs)
+    fixed = tmp_path / "g" / "features.npy"
+    run_score(tiny_model_dir, path, {**cfg, "max_length": want}, fixed,
+              tmp_path / "g" / "scores.parquet", seed=0, threads=1)
+    assert np.array_equal(np.load(feats), np.load(fixed))
+    # train's max_length auto under truncation 'error': refused before any model work
+    with pytest.raises(InputError, match=r"longer than max_length = 128 \(truncation"):
+        run_score(tiny_model_dir, path, FAST, tmp_path / "h.npy", tmp_path / "h.parquet",
+                  length_policy={"max_length": "auto", "max_length_quantile": 0.25,
+                                 "truncation": "error"})

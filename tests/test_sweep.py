@@ -158,10 +158,59 @@ def test_input_functions() -> None:
     assert "shards" not in jobs.score_warmup_cfg(w)
     run = {**w, "method": "full", "budget": "1", "dist": "balanced"}
     assert jobs.train_cfg({**run, "gpus": "1"}) == '{"epochs": 2}'  # an accuracy run
-    assert jobs.train_cfg({**run, "gpus": "4"}) == '{"epochs": 1}'  # time-only
+    assert jobs.train_cfg({**run, "gpus": "4"}) == '{"epochs": 1, "keep_model": false}'  # time-only
     assert jobs.train_job({**run, "gpus": "4"})["ranks_per_node"] == 4
     assert jobs.dataset_cfg(w)["items_per_task"] == 200
     assert jobs.decontaminate_cfg(w) == {"action": "drop", "max_overlap": 0}
+
+
+def test_runs_that_are_only_timed_keep_no_model_and_nothing_reads_it() -> None:
+    """Time-only runs train with keep_model: false (their folder: NOT_KEPT.json only), the
+    accuracy runs' settings are untouched (the same params, so no reruns), and no job of the
+    DAG takes a time-only run's model: only the evaluate rules read a run's model, and
+    they evaluate accuracy runs only. Also on the shipped configs."""
+    import json
+
+    rules = {p.name: p.read_text() for p in (ROOT / "workflow" / "rules").glob("*.smk")}
+    readers = {name for name, text in rules.items() if "train/{RUN}/model" in text}
+    assert readers == {"train.smk", "evaluate.smk"}  # train writes it, evaluate reads it
+    for cfg in (small(), yaml.safe_load((ROOT / "config" / "config.yaml").read_text()),
+                yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())):
+        plan = Sweep(cfg)
+        jobs = Inputs(cfg, plan)
+        timed = [r for r in plan.runs if plan.is_time_only(r)]
+        assert timed
+        for r in plan.runs:
+            settings_ = plan.train_settings(r)
+            params = json.loads(jobs.run_train_cfg(r))
+            if plan.is_time_only(r):
+                assert settings_["keep_model"] is False and params["keep_model"] is False
+            else:
+                assert settings_["keep_model"] is True and "keep_model" not in params
+        for j in plan.jobs():
+            if j["rule"].startswith("evaluate") and "method" in j["wildcards"]:
+                run = {**j["wildcards"], "seed": j["wildcards"].get("seed", plan.seeds[0])}
+                assert plan.is_accuracy(run), j
+    embedded = Sweep(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
+    assert sum(j["rule"] == "train" and embedded.is_time_only(j["wildcards"])
+               for j in embedded.jobs()) == 24  # 2 and 4 GPUs x 2 distributions x 6 runs
+    paper = Sweep(yaml.safe_load((ROOT / "config" / "paper.yaml").read_text()))
+    train = [j for j in paper.jobs() if j["rule"] == "train"]
+    assert (len(train), sum(paper.is_time_only(j["wildcards"]) for j in train)) == (432, 54)  # 72 of them LESS and RDS+ (7B)
+
+
+def test_keep_model_false_in_a_config_is_refused() -> None:
+    from clusterft.pipeline.errors import InputError
+    from clusterft.plan.config import prepare
+
+    for where in ("train", "model"):
+        cfg = small()
+        if where == "train":
+            cfg["train"] = {"keep_model": False}
+        else:
+            cfg["models"]["b"]["train"] = {"keep_model": False}
+        with pytest.raises(InputError, match="keep_model: false"):
+            prepare(cfg)
 
 
 def test_the_sweep_module_runs_without_snakemake() -> None:

@@ -236,6 +236,39 @@ def test_lora_merged_saves_a_plain_model(tmp_path, tiny_model_dir, tiny_pool, ti
     assert type(model).__name__ == "LlamaForCausalLM"
 
 
+def test_a_run_that_is_only_timed_keeps_no_model(tmp_path, tiny_model_dir, tiny_pool,
+                                                tiny_pool_path):
+    """keep_model: false (the plan's setting for time-only runs): the model folder holds
+    NOT_KEPT.json and no weights, the metrics are as a kept run's, and nothing loads the
+    folder as a model; the same run kept saves its adapter (LoRA) or model (full)."""
+    from clusterft.modeling.hf import NOT_KEPT, WEIGHT_PATTERNS, resolve_model
+    from clusterft.pipeline.provenance import sidecar_path
+
+    for name, cfg, kept_file in (("lora", LORA_CFG, "adapter_model.safetensors"),
+                                 ("full", BASE_CFG, "model.safetensors")):
+        m_kept, kept = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool,
+                                  f"{name}-kept", cfg, n=8)
+        m_timed, timed = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool,
+                                    f"{name}-timed", {**cfg, "keep_model": False}, n=8)
+        assert (kept / kept_file).is_file()
+        assert {f.name for f in timed.iterdir()} == {NOT_KEPT, sidecar_path(timed).name}
+        assert not any(any(timed.glob(pat)) for pat in WEIGHT_PATTERNS)
+        marker = json.loads((timed / NOT_KEPT).read_text())
+        assert marker["kept"] is False and "only timed" in marker["why"]
+        assert marker["run"]["out"] == str(timed) and marker["run"]["finetune"] == name
+        # the bytes the weights would have taken: the saved safetensors' tensors
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(kept / kept_file))
+        assert marker["would_have_taken_bytes"] == sum(t.numel() * t.element_size()
+                                                       for t in tensors.values())
+        assert m_timed["final_loss"] == m_kept["final_loss"]  # trained alike
+        with pytest.raises(InputError, match="only timed"):
+            resolve_model(str(timed))
+    with pytest.raises(InputError, match="true or false"):
+        train_config({"keep_model": "no"})
+
+
 def test_checkpoint_resume_matches_uninterrupted(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
     cfg = {**BASE_CFG, "epochs": 2, "checkpoint_every": 3}
     n = 20  # 5 steps per epoch: the checkpoint at step 3 is mid-epoch
@@ -268,3 +301,29 @@ def test_bad_inputs(tmp_path, tiny_model_dir, tiny_pool, tiny_pool_path):
     y = tmp_path / "c.yaml"
     y.write_text("train:\n  epochs: 4\nother: 1\n")
     assert parse_section_arg(str(y), "train") == {"epochs": 4}
+
+
+def test_max_length_auto_is_measured_on_the_whole_pool(tmp_path, tiny_model_dir, tiny_pool,
+                                                        tiny_pool_path):
+    """train.max_length: auto resolves on the whole pool (not the selection) as score does,
+    trains at that length and records it in train_metrics.json and the provenance."""
+    from clusterft.modeling.hf import load_tokenizer
+    from clusterft.modeling.lengths import example_lengths, resolve_max_length
+    from clusterft.pipeline import provenance
+
+    lengths = example_lengths(load_tokenizer(tiny_model_dir), tiny_pool)  # 36-48 tokens
+    cfg = {**BASE_CFG, "max_length": "auto", "max_length_quantile": 0.5, "max_length_cap": 40}
+    m, out = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "auto", cfg, n=16)
+    want = resolve_max_length(lengths, 0.5, 64, 40)
+    assert m["max_length"] == want == 40
+    assert m["max_length_source"] == f"auto q0.5 of {len(tiny_pool)} examples, capped at 40 " \
+                                     "(train.max_length_cap)"
+    assert m["truncated_examples"] == sum(n > 40 for n in lengths[:16]) > 0
+    assert json.loads((tmp_path / "auto.json").read_text())["max_length"] == 40
+    recorded = provenance.read(tmp_path / "auto.json")["config"]
+    assert recorded["max_length"] == 40 and recorded["max_length_source"] == m["max_length_source"]
+    # the same weights as the resolved value written out
+    _, fixed = run_single(tmp_path, tiny_model_dir, tiny_pool_path, tiny_pool, "fixed",
+                          {**cfg, "max_length": 40}, n=16)
+    wa, wb = weights(out), weights(fixed)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -49,9 +49,11 @@ import numpy as np
 
 from clusterft.pipeline.names import BALANCED, RANDOM_SPLIT
 
-__all__ = ["CostModel", "DEFAULT_MFU", "DEFAULT_STEP_OVERHEAD_S", "DRAWS_PER_SECOND", "H100_BF16_FLOPS",
-           "KNOWN_CONFIGS", "KNOWN_PARAMS", "compare_distributions", "flops_per_token",
-           "lora_matrices", "projection_work", "rank_padded_tokens", "token_plan"]
+__all__ = ["COPY_BYTES_PER_SECOND", "CostModel", "DEFAULT_MFU", "DEFAULT_STEP_OVERHEAD_S",
+           "DRAWS_PER_SECOND", "H100_BF16_FLOPS", "KMEANS_SECONDS", "KNOWN_CONFIGS",
+           "KNOWN_PARAMS", "NUMPY_KMEANS_FACTOR", "compare_distributions", "flops_per_token",
+           "kmeans_seconds", "lora_matrices", "projection_work", "rank_padded_tokens",
+           "token_plan"]
 
 H100_BF16_FLOPS = 989e12        # H100 SXM5, dense bf16 tensor-core peak (NVIDIA datasheet)
 DEFAULT_MFU = 0.30              # assumed model FLOPs utilisation (see the module docstring)
@@ -66,10 +68,12 @@ KNOWN_PARAMS = {
 KNOWN_CONFIGS = {
     "meta-llama/Llama-2-7b-hf": {"hidden_size": 4096, "num_hidden_layers": 32,
                                  "intermediate_size": 11008, "vocab_size": 32000,
-                                 "num_attention_heads": 32, "num_key_value_heads": 32},
+                                 "num_attention_heads": 32, "num_key_value_heads": 32,
+                                 "max_position_embeddings": 4096},
     "meta-llama/Llama-2-13b-hf": {"hidden_size": 5120, "num_hidden_layers": 40,
                                   "intermediate_size": 13824, "vocab_size": 32000,
-                                  "num_attention_heads": 40, "num_key_value_heads": 40},
+                                  "num_attention_heads": 40, "num_key_value_heads": 40,
+                                  "max_position_embeddings": 4096},
 }
 _FLOPS_PER_PARAM = {"full": 6.0, "lora": 4.0, "forward": 2.0}
 # Seeded draws per second of a dense projection matrix's entries on one GPU (our assumption:
@@ -77,6 +81,25 @@ _FLOPS_PER_PARAM = {"full": 6.0, "lora": 4.0, "forward": 2.0}
 # The dense projector regenerates its D x dim matrix, chunk by chunk, for every batch of the
 # gradient pass, so at LoRA D ~ 1e8 and dim 8192 the draws, not the product, dominate.
 DRAWS_PER_SECOND = 2.5e11
+# CPU work of the rules without a GPU, for their runtimes (clusterft.plan.resources).
+# k-means: seconds per row x column x centroid x iteration of faiss's spherical k-means on
+# one core (measured, benchmarks/README.md "Clustering backends": 10^5 x 1024 rows, k 64,
+# 25 iterations in 5.57 s on an AMD EPYC core, 3.4e-11; 10^6 x 256: 3.3e-11). faiss runs
+# every iteration of every restart; the numpy reference stops early but was 5.8-8.9x slower
+# per iteration at 10^5 rows, so it gets the upper factor.
+KMEANS_SECONDS = 3.4e-11
+NUMPY_KMEANS_FACTOR = 9.0
+# Bytes per second a job reads or writes model weights at on a shared file system (our
+# assumption: a busy NFS/Lustre client).
+COPY_BYTES_PER_SECOND = 2e8
+
+
+def kmeans_seconds(n: int, dim: int, k: int, max_iter: int, n_init: int,
+                   backend: str = "faiss") -> float:
+    """One core's seconds of cosine k-means over ``n`` x ``dim`` features: every iteration of
+    every restart (KMEANS_SECONDS; the numpy reference NUMPY_KMEANS_FACTOR times slower)."""
+    factor = NUMPY_KMEANS_FACTOR if backend == "numpy" else 1.0
+    return float(n) * dim * k * max_iter * n_init * KMEANS_SECONDS * factor
 
 
 def flops_per_token(params: float, kind: str = "lora", recompute: bool = False) -> float:

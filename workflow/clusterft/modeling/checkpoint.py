@@ -16,9 +16,11 @@ from clusterft.pipeline.io import atomic_path
 
 # Keys that change neither the model nor the data order: a run may resume across them
 # (gradient checkpointing recomputes the same activations: equal gradients, tested in
-# tests/test_train_scale.py; gpus_per_node only places the same ranks on other nodes).
+# tests/test_train_scale.py; gpus_per_node only places the same ranks on other nodes;
+# max_length_quantile and max_length_cap act through max_length, fingerprinted as resolved).
 RESUMABLE_ACROSS = ("checkpoint_every", "max_steps", "num_threads", "log_every",
-                    "gradient_checkpointing", "gpus_per_node")
+                    "gradient_checkpointing", "gpus_per_node", "max_length_quantile",
+                    "max_length_cap")
 
 
 def fingerprint(cfg: dict, world_size: int, distribution: str, seed: int, ids: list[str]) -> str:

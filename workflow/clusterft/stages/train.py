@@ -12,7 +12,9 @@ count trains the same optimiser steps and only the split of the work differs), e
 per-rank ``batch_size`` times the world size (more ranks take fewer, larger steps).
 ``distribution: random`` shards with ``DistributedSampler(shuffle=True)``; ``balanced``
 with ``ClusterBalancedSampler`` (clusters from the selection, lengths = token counts).
-Rank 0 saves the model dir (LoRA merged into the weights) and ``train_metrics.json``.
+Rank 0 saves the model dir (a LoRA run's peft adapter, or the plain model; with
+``keep_model: false``, which the workflow sets for runs that are only timed, just
+``NOT_KEPT.json``) and ``train_metrics.json``.
 Each rank's step batch runs as length-sorted micro-batches with the LM head applied only
 at labelled positions (``clusterft.modeling.microbatch``): the gradient of the padded batch, with
 less padding and head work (``group_cost_tokens``, ``sparse_logits``).
@@ -57,8 +59,8 @@ from clusterft.pipeline.sections import merge_section, parse_section_arg
 from clusterft.modeling.distributed import (BACKENDS, DEVICES, Dist, barrier, die_with_launcher, gather_object,
                           gather_rows, mean_over_ranks, seed_everything, set_threads)
 from clusterft.pipeline.errors import InputError
-from clusterft.modeling.hf import (load_causal_lm, load_tokenizer, resolve_model, save_adapter_dir,
-                                   save_model_dir)
+from clusterft.modeling.hf import (load_causal_lm, load_tokenizer, resolve_model,
+                                   save_adapter_dir, save_model_dir, save_not_kept, saved_bytes)
 from clusterft.pipeline import provenance
 from clusterft.pipeline.io import set_offline_env, write_json
 from clusterft.modeling.lora import DEFAULTS as LORA_DEFAULTS
@@ -68,6 +70,8 @@ from clusterft.pools.poolfile import epoch_subsets, load_pool, read_selection, s
 from clusterft.modeling.precision import PRECISIONS, resolve_precision
 from clusterft.pipeline.runtime import end_rank, freeze_for_exit
 from clusterft.modeling.tokenize import LENGTH_POLICY, POLICIES, encode_records
+from clusterft.modeling.lengths import DEFAULT_CAP, DEFAULT_QUANTILE, is_auto, resolve_lengths
+from clusterft.modeling.lengths import check_keys as check_lengths
 
 FINETUNE = ("full", "lora")
 
@@ -78,6 +82,11 @@ DEFAULTS: dict = {
     # LoRA runs: false saves the peft adapter alone (megabytes; its adapter_config.json names
     # the base folder), true a merged full copy of the model (the base's size, per run).
     "merge_lora": False,
+    # false: the model folder holds only NOT_KEPT.json (why, the run, the bytes the weights
+    # would have taken), no weights. The workflow sets it for the runs that are only timed
+    # (the sweep's GPU-count x distribution runs, whose train metrics are all the report
+    # reads; nothing evaluates them); a config cannot turn it off for the evaluated runs.
+    "keep_model": True,
     # Peak AdamW learning rate.
     "lr": 1.0e-3,
     # AdamW weight decay.
@@ -96,8 +105,14 @@ DEFAULTS: dict = {
     # world_size (it must divide), so every GPU count trains the same steps on the same
     # global batches. null: batch_size per rank.
     "global_batch_size": None,
-    # Longest example in tokens (prompt + response + BOS/EOS).
+    # Longest example in tokens (prompt + response + BOS/EOS). auto: measured from the whole
+    # pool (not only the selection), as score.max_length auto (clusterft.modeling.lengths);
+    # train_metrics.json records the value.
     "max_length": LENGTH_POLICY["max_length"],
+    # max_length auto: the share of the pool's examples that fit uncut.
+    "max_length_quantile": DEFAULT_QUANTILE,
+    # max_length auto: never more than this many tokens (nor the model's context).
+    "max_length_cap": DEFAULT_CAP,
     # Longer examples: truncate (cut the response end; see clusterft.modeling.tokenize; counted in
     # train_metrics truncated_examples) | reject (drop; counted in rejected_examples) | error
     # (stop, naming the pool file, line and record id). score checks the whole pool against
@@ -165,14 +180,18 @@ def train_config(cfg: dict | None) -> dict:
     from clusterft.modeling import lora
 
     out = merge_section(DEFAULTS, cfg, "train")
+    if not isinstance(out["keep_model"], bool):
+        raise InputError(f"must be true or false, got {out['keep_model']!r}",
+                         field="train.keep_model")
     for key, valid in (("finetune", FINETUNE), ("precision", PRECISIONS),
                        ("truncation", POLICIES), ("schedule", SCHEDULES),
                        ("backend", BACKENDS), ("device", DEVICES)):
         if out[key] not in valid:
             raise InputError(f"{key} must be one of {'|'.join(valid)}, got '{out[key]}'",
                              field=f"train.{key}")
+    check_lengths(out, "train")
     for k in ("epochs", "batch_size", "max_length", "pad_to_multiple_of"):
-        if int(out[k]) < 1:
+        if not is_auto(out[k]) and int(out[k]) < 1:
             raise InputError(f"{k} must be >= 1, got {out[k]}", field=f"train.{k}")
     gbs = out["global_batch_size"]
     if gbs is not None and (isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1):
@@ -557,13 +576,16 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
         threads = set_threads(cfg["num_threads"], d, job_threads)
         seed_everything(seed)
         tokenizer = load_tokenizer(model_dir)
+        # max_length auto: from the whole pool, the same on every rank (and in score)
+        cfg, lengths = resolve_lengths(cfg, "train", tokenizer, lambda: load_pool(pool),
+                                       model_dir)
         examples, clusters, rejected, subsets = load_selection(tokenizer, pool, selection, cfg)
         model = load_model(model_dir, cfg, d.device)
         seed_everything(seed * 1000 + d.rank)  # per-rank dropout streams
         ckpt_dir = Path(str(out_dir).rstrip("/") + ".ckpt") if int(cfg["checkpoint_every"]) > 0 else None
         metrics = train_loop(model, tokenizer, examples, clusters, cfg, d, distribution, seed,
                              ckpt_dir, run_name=f"train {out_dir}", subsets=subsets)
-        if cfg["fsdp"]:
+        if cfg["fsdp"] and cfg["keep_model"]:  # kept no model: its sizes are the DTensors'
             model = unsharded_copy(model, model_dir, cfg)
         metrics.update({
             "total_time_s": round(time.perf_counter() - t_total, 4),
@@ -573,24 +595,46 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
             "device": str(d.device),
             "backend": d.backend,
             "seed": seed,
+            **lengths,
         })
         if d.rank == 0:
-            if cfg["finetune"] == "lora" and not cfg["merge_lora"]:
-                save_adapter_dir(model, tokenizer, out_dir)
-            else:
-                save_model_dir(model, tokenizer, out_dir)
+            save_model(model, tokenizer, out_dir, cfg, d.world_size, distribution, seed)
             metrics["total_time_s"] = round(time.perf_counter() - t_total, 4)
             write_json(metrics_path, metrics)
             provenance.write({"model": out_dir, "metrics": metrics_path}, "train", checked,
                              inherit=("selection", "pool"), seed=seed,
                              config={"distribution": distribution, "world_size": d.world_size,
-                                     **cfg})
+                                     **cfg, **lengths})
             if ckpt_dir is not None and not metrics["stopped_early"] and ckpt_dir.exists():
                 shutil.rmtree(ckpt_dir, ignore_errors=True)
         barrier(d)
         return metrics
     finally:
         distributed.teardown(d)
+
+
+def save_model(model, tokenizer, out_dir: str | os.PathLike, cfg: dict, world_size: int,
+               distribution: str, seed: int) -> None:
+    """Rank 0's save of a run's ``out_dir``: the peft adapter (LoRA, not merged), the plain
+    model, or with ``keep_model: false`` only ``NOT_KEPT.json``: why, the run and the bytes
+    the weights would have taken (``clusterft.modeling.hf.saved_bytes``)."""
+    adapter = cfg["finetune"] == "lora" and not cfg["merge_lora"]
+    if not cfg["keep_model"]:
+        save_not_kept(out_dir, {
+            "kept": False,
+            "why": "train.keep_model is false: a run that is only timed (the sweep's GPU "
+                   "count x distribution runs); nothing evaluates it, its train metrics "
+                   "are what the report reads",
+            "run": {"out": str(out_dir), "world_size": world_size,
+                    "distribution": distribution, "seed": seed,
+                    "finetune": cfg["finetune"], "merge_lora": bool(cfg["merge_lora"])},
+            "would_have_saved": "peft adapter" if adapter else "model",
+            "would_have_taken_bytes": saved_bytes(model, adapter),
+        })
+    elif adapter:
+        save_adapter_dir(model, tokenizer, out_dir)
+    else:
+        save_model_dir(model, tokenizer, out_dir)
 
 
 def check_runs(runs: dict[str, list]) -> int:

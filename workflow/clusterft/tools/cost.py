@@ -35,12 +35,17 @@ the assumptions: FLOPs per token, utilisation, fixed per-step cost):
 * every other rule (data, tokenizer, clustering, selection, merges, report; base models
   from the hub): no GPU work, 0 GPU-hours.
 
+A ``max_length: auto`` (clusterft.modeling.lengths) is resolved on the stand-in pool's
+log-normal lengths (``Estimator.max_length``); ``Estimator.job_seconds`` is one job's
+estimate, which the workflow's runtimes also start from (clusterft.plan.resources).
+
 Tokens per example of a hub dataset are unknown before download: ``TOKENS_PER_EXAMPLE``
 holds documented estimates per hub dataset id (override per dataset with
 ``--tokens-per-example NAME=N``); a dataset with neither stops the command, naming it.
 Parameter counts: ``costmodel.KNOWN_PARAMS`` for hub ids, the architecture for models the
 workflow builds, else ``--params NAME=N``. Disk: the models, LoRA adapters and feature
-matrices each job leaves in results/ (``Estimator.disk_bytes``). Writes ``<out>.csv`` (one row per rule plus the
+matrices each job leaves in results/ (``Estimator.disk_bytes``; a train job that is only
+timed keeps no model, 0). Writes ``<out>.csv`` (one row per rule plus the
 total), ``<out>.md`` (the same table, with the assumptions) and ``<out>_jobs.csv`` (one row
 per job); each file is written whole or not at all.
 """
@@ -263,6 +268,25 @@ class Estimator:
         self.configs = model_configs(cfg)
         self._plans: dict = {}
 
+    def max_length(self, section: dict, ds: str, model: str) -> int:
+        """A section's max_length; ``auto`` (clusterft.modeling.lengths) resolved on the
+        stand-in length distribution: its max_length_quantile quantile (log-normal, the
+        dataset's mean tokens, sigma LENGTH_SIGMA), rounded up to a multiple of 64, at most
+        max_length_cap and the model's context where known."""
+        from statistics import NormalDist
+
+        from clusterft.modeling.lengths import DEFAULT_CAP, DEFAULT_QUANTILE, MULTIPLE, is_auto
+
+        if not is_auto(section["max_length"]):
+            return int(section["max_length"])
+        q = float(section.get("max_length_quantile", DEFAULT_QUANTILE))
+        mu = math.log(self.tpe[ds]) - self.sigma ** 2 / 2
+        z = NormalDist().inv_cdf(q) if q < 1 else 4.0  # q = 1: the longest of ~10^4-10^5
+        tokens = math.exp(mu + self.sigma * z)
+        cap = int(section.get("max_length_cap", DEFAULT_CAP))
+        context = (self.configs.get(model) or {}).get("max_position_embeddings")
+        return min(MULTIPLE * math.ceil(tokens / MULTIPLE), cap, int(context or cap))
+
     def flop_seconds(self, model: str, tokens: float, kind: str) -> float:
         return tokens * flops_per_token(self.params[model], kind) / (self.peak * self.mfu)
 
@@ -296,7 +320,7 @@ class Estimator:
             clusters = rng.choice(k, size=n, p=w / w.sum())
             mu = math.log(self.tpe[ds]) - self.sigma ** 2 / 2
             lengths = np.clip(np.round(rng.lognormal(mu, self.sigma, n)), 1,
-                              int(tcfg["max_length"])).astype(np.int64)
+                              self.max_length(tcfg, ds, model)).astype(np.int64)
             padded, _ = token_plan(dist, clusters, lengths, gpus, bs, 0, 1,
                                    bool(tcfg["drop_last"]), float(tcfg["group_cost_tokens"]),
                                    int(tcfg["pad_to_multiple_of"]))
@@ -311,7 +335,7 @@ class Estimator:
     def score_parts(self, ds: str, model: str) -> tuple[float, float]:
         """(warm-up seconds, gradient + loss-trajectory seconds) of one score run."""
         s = self.score
-        per_ex = min(self.tpe[ds], float(s["max_length"]))
+        per_ex = min(self.tpe[ds], float(self.max_length(s, ds, model)))
         n = self.pool(ds)
         if s.get("warmup_steps") is not None:
             warm_ex = int(s["warmup_steps"]) * int(s["batch_size"])
@@ -331,7 +355,7 @@ class Estimator:
         if config is None:
             return 0.0
         n = self.pool(ds)
-        per_ex = min(self.tpe[ds], float(s["max_length"]))
+        per_ex = min(self.tpe[ds], float(self.max_length(s, ds, model)))
         flops, draws = projection_work(lora_matrices(config, s["lora"]), int(s["dim"]),
                                        s["projection"], n * per_ex, n,
                                        math.ceil(n / int(s["batch_size"])))
@@ -368,8 +392,51 @@ class Estimator:
         return 0.0
 
     def embedding_seconds(self, ds: str, model: str) -> float:
-        per_ex = min(self.tpe[ds], float(self.features["max_length"]))
+        per_ex = min(self.tpe[ds], float(self.max_length(self.features, ds, model)))
         return self.flop_seconds(model, self.pool(ds) * per_ex, "forward")
+
+    # one job -----------------------------------------------------------------
+    def job_seconds(self, rule: str, w: dict, merged: bool = False) -> tuple[int, float, str]:
+        """(GPUs, seconds, note) of one job of ``rule`` with wildcards ``w`` (text or
+        numbers). ``merged``: for score and evaluate, a job that merges its shards' outputs
+        (no GPU work); for train, a time-only run (it trains sweep.time.epochs epochs where
+        that is set). Rules without GPU work: (0, 0.0, CPU_RULES_NOTE). A dataset or model
+        the estimator has no numbers for raises KeyError."""
+        from clusterft.plan.config import tasks_for
+
+        n_seeds = len(self.cfg["seeds"])
+        if rule == "train":
+            gpus = int(w["gpus"])
+            return (gpus, self.train_seconds(w, not merged),
+                    f"{w['dist']} deal over {gpus} GPUs")
+        if rule == "train_seeds":  # sweep.accuracy.fuse_seeds: every seed, one GPU
+            return (int(w["gpus"]), n_seeds * self.train_seconds(w, True),
+                    f"{n_seeds} seeds one after the other")
+        if rule in ("score", "score_warmup", "score_shard"):
+            warm, rest = self.score_parts(w["dataset"], w["model"])
+            shards = int(self.score["shards"])
+            if rule == "score_warmup":
+                return 1, warm, "warm-up"
+            if rule == "score_shard":
+                return 1, rest / shards, f"1/{shards} of the gradient pass"
+            if merged:
+                return 0, 0.0, "merge of the shards"
+            return 1, warm + rest, "warm-up + gradient pass"
+        if rule == "embedding_features":
+            return 1, self.embedding_seconds(w["dataset"], w["model"]), "forward pass"
+        if rule.startswith("evaluate"):
+            tasks = tasks_for(self.cfg, w["dataset"])
+            if "shard" in w and "nshards" in w:
+                tasks = _shard_tasks(tasks, int(w["nshards"]))[int(w["shard"])]
+            elif merged:
+                tasks = []
+            if not tasks:
+                return 0, 0.0, "merge of the shards"
+            secs, note = self.eval_seconds(w["model"], tasks), f"{len(tasks)} tasks"
+            if rule == "evaluate_seeds":
+                secs, note = n_seeds * secs, f"{note}, {n_seeds} seeds"
+            return 1, secs, note
+        return 0, 0.0, CPU_RULES_NOTE
 
     def eval_seconds(self, model: str, tasks: list[str]) -> float:
         tokens = 0.0
@@ -377,6 +444,24 @@ class Estimator:
             items, fwd, gen = EVAL_TASKS.get(t, EVAL_DEFAULT)
             tokens += items * (fwd + DECODE_PENALTY * gen)
         return self.flop_seconds(model, tokens, "forward")
+
+
+def runtime_estimator(cfg: dict) -> Estimator:
+    """The estimator behind the workflow's runtimes (clusterft.plan.resources; the rule files
+    hand it to clusterft.plan.inputs.Inputs) for the settled config ``cfg``: the datasets
+    with a tokens-per-example estimate (the dataset's ``tokens_per_example`` key, else
+    TOKENS_PER_EXAMPLE by hub id) and the models with a known parameter count (a hub id of
+    KNOWN_PARAMS, a local folder's config.json); the jobs of the others keep their rules'
+    fixed runtimes (``Estimator.job_seconds`` raises KeyError for them)."""
+    from clusterft.plan.resources import model_params as known_params
+
+    tpe = {}
+    for name, d in cfg["datasets"].items():
+        v = d.get("tokens_per_example") or TOKENS_PER_EXAMPLE.get(d.get("hf_dataset", ""))
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            tpe[name] = float(v)
+    params = {m: p for m, spec in cfg["models"].items() if (p := known_params(spec)) > 0}
+    return Estimator(cfg, tpe, params)
 
 
 def _shard_tasks(tasks: list[str], n: int) -> list[list[str]]:
@@ -390,8 +475,6 @@ def _shard_tasks(tasks: list[str], n: int) -> list[list[str]]:
 
 def estimate_jobs(cfg: dict, jobs: list[dict], est: Estimator) -> list[dict]:
     """One row per job: rule, its wildcards as text, GPUs, hours and GPU-hours."""
-    from clusterft.plan.config import tasks_for
-
     run_keys = ("dataset", "model", "method", "budget", "gpus", "dist", "seed")
     evaluated = {tuple(j["wildcards"].get(k) for k in run_keys)
                  for j in jobs if j["rule"].startswith("evaluate")}
@@ -400,50 +483,22 @@ def estimate_jobs(cfg: dict, jobs: list[dict], est: Estimator) -> list[dict]:
     eval_sharded = {tuple(sorted((k, v) for k, v in j["wildcards"].items()
                                  if k not in ("shard", "nshards")))
                     for j in jobs if "shard" in j["wildcards"] and "nshards" in j["wildcards"]}
-    n_score_shards = int(est.score["shards"])
-    n_seeds = len(cfg["seeds"])
     rows = []
     for j in jobs:
         rule, w = j["rule"], j["wildcards"]
-        gpus, secs, note = 0, 0.0, CPU_RULES_NOTE
         if rule == "train":
-            gpus = int(w["gpus"])
-            secs = est.train_seconds(w, tuple(w.get(k) for k in run_keys) in evaluated)
-            note = f"{w['dist']} deal over {gpus} GPUs"
-        elif rule == "train_seeds":  # sweep.accuracy.fuse_seeds: every seed, one GPU
-            gpus = int(w["gpus"])
-            secs = n_seeds * est.train_seconds(w, True)
-            note = f"{n_seeds} seeds one after the other"
-        elif rule in ("score", "score_warmup", "score_shard"):
-            warm, rest = est.score_parts(w["dataset"], w["model"])
-            sharded = (w["dataset"], w["model"], w["seed"]) in score_sharded
-            gpus = 1
-            if rule == "score_warmup":
-                secs, note = warm, "warm-up"
-            elif rule == "score_shard":
-                secs, note = rest / n_score_shards, f"1/{n_score_shards} of the gradient pass"
-            elif sharded:
-                gpus, note = 0, "merge of the shards"
-            else:
-                secs, note = warm + rest, "warm-up + gradient pass"
-        elif rule == "embedding_features":
-            gpus, secs, note = 1, est.embedding_seconds(w["dataset"], w["model"]), "forward pass"
-        elif rule.startswith("evaluate"):
-            tasks = tasks_for(cfg, w["dataset"])
-            key = tuple(sorted(w.items()))
-            if "shard" in w and "nshards" in w:
-                tasks = _shard_tasks(tasks, int(w["nshards"]))[int(w["shard"])]
-            elif key in eval_sharded:
-                tasks = []
-            if tasks:
-                gpus, secs, note = 1, est.eval_seconds(w["model"], tasks), f"{len(tasks)} tasks"
-                if rule == "evaluate_seeds":
-                    secs, note = n_seeds * secs, f"{note}, {n_seeds} seeds"
-            else:
-                note = "merge of the shards"
+            merged = tuple(w.get(k) for k in run_keys) not in evaluated  # time-only run
+        elif rule == "score":
+            merged = (w["dataset"], w["model"], w["seed"]) in score_sharded
+        else:
+            merged = tuple(sorted(w.items())) in eval_sharded
+        gpus, secs, note = est.job_seconds(rule, w, merged)
+        disk = est.disk_bytes(rule, w)
+        if rule == "train" and tuple(w.get(k) for k in run_keys) not in evaluated:
+            disk = 0.0  # only timed: keeps no model (train.keep_model false, NOT_KEPT.json)
         rows.append({"rule": rule, "job": ", ".join(f"{k}={v}" for k, v in w.items()),
                      "gpus": gpus, "hours": secs / 3600, "gpu_hours": secs * gpus / 3600,
-                     "disk_gb": est.disk_bytes(rule, w) / 1e9, "note": note})
+                     "disk_gb": disk / 1e9, "note": note})
     return rows
 
 
@@ -500,7 +555,8 @@ def markdown(table: list[dict], est: Estimator, config: str) -> str:
               f"draws for every batch at {DRAWS_PER_SECOND:.2g} per second), for models whose architecture is known: "
               + (", ".join(m for m, c in est.configs.items() if c is not None) or "none"),
               "- disk: models, LoRA adapters (float32) and feature matrices (float32) the jobs "
-              "leave in results/; tables, selections and logs not counted", ""]
+              "leave in results/ (train runs that are only timed keep no model); tables, "
+              "selections and logs not counted", ""]
     return "\n".join(lines)
 
 
