@@ -66,3 +66,23 @@ def test_smollm2_answers_like_the_model_it_is(smollm2_dir):
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     out = model.generate(ids, max_new_tokens=12, do_sample=False)
     assert "Paris" in tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_the_paper_path_uses_the_suites_prompt_format_not_the_chat_template(smollm2_dir):
+    """The prompt-format decision (docs/paper_path.md, "Prompt format"): training and
+    scoring tokenise the suite's plain format even when the tokenizer has a chat template
+    (SmolLM2's), so the examples a model trains on, the rows it is scored by and lm-eval's
+    prompts (apply_chat_template off, recorded) carry no chat markup; only the BOS token."""
+    from clusterft.modeling.hf import load_tokenizer
+    from clusterft.modeling.prompt import INSTRUCTION, RESPONSE
+    from clusterft.modeling.tokenize import encode_example
+
+    tok = load_tokenizer(smollm2_dir)
+    assert tok.chat_template  # the model has one; the suite does not use it
+    msgs = [{"role": "user", "content": "Add 2 and 3."}, {"role": "assistant", "content": "5"}]
+    ex = encode_example(tok, msgs, 64)
+    text = tok.decode(ex["input_ids"][1:])
+    assert text == INSTRUCTION + "Add 2 and 3." + RESPONSE + "5" + tok.eos_token
+    templated = tok.apply_chat_template(msgs, tokenize=False)
+    assert "<|im_start|>user" in templated and "<|im_start|>" not in text
+    assert ex["input_ids"][0] == tok.bos_token_id

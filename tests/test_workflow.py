@@ -273,9 +273,17 @@ def upstream_mtimes(workdir: Path, keep: str = RUN) -> dict[str, int]:
 
 
 def final_state(workdir: Path) -> tuple[dict, dict]:
+    """The run's final weights and metrics; a time-only run keeps no model (2 ranks: the
+    sweep's time runs), so its weights are the digest NOT_KEPT.json records of them."""
     from safetensors.torch import load_file
 
     metrics = json.loads((workdir / TARGET).read_text())
+    not_kept = workdir / RUN / "model" / "NOT_KEPT.json"
+    if not_kept.exists():
+        import torch
+
+        digest = json.loads(not_kept.read_text())["weights_sha256"]
+        return {"weights_sha256": torch.tensor(list(bytes.fromhex(digest)))}, metrics
     return load_file(str(workdir / RUN / "model" / "model.safetensors")), metrics
 
 
@@ -479,7 +487,10 @@ def test_workflow_stops_on_remaining_overlap_and_drop_cleans_it(tmp_path: Path) 
         def edit(c):
             c["datasets"]["mine"] = {"domain": "programming", "source": "jsonl",
                                      "path": str(tmp_path / "mine.jsonl")}
-            c["tasks"].update(decontaminate=action, lm_eval_tasks={"programming": ["x"]})
+            # a named lm-eval task (its data: the download rule's stand-in, HumanEval's
+            # real problems), so the user's pool is checked against the skills items and it
+            c["tasks"].update(decontaminate=action, lm_eval_tasks={"programming": ["humaneval"]})
+            c["download"] = {"standins": True}
             # the oracle needs labels and less/rds validation items, which neither a plain
             # JSONL pool nor named lm-eval tasks give (the config check refuses them)
             c["sweep"]["methods"] = [m for m in c["sweep"]["methods"]

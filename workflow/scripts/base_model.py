@@ -11,5 +11,6 @@ with logged(snakemake.log[0]):
         seed=snakemake.params.seed,
         name=snakemake.wildcards.model,
         allow_downloads=snakemake.params.allow_downloads,
+        download_cfg=snakemake.params.download,
         threads=snakemake.threads,
     )

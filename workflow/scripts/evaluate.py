@@ -12,4 +12,5 @@ with logged(snakemake.log[0]):
         tasks_dir=snakemake.output.tasks,
         seed=int(getattr(snakemake.wildcards, "seed", 0)),
         out_items=snakemake.output.per_item,
+        mirror=snakemake.params.mirror,
     )

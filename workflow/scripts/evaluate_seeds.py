@@ -12,4 +12,5 @@ with logged(snakemake.log[0]):
         tasks_dir=list(snakemake.output.tasks),
         seeds=[int(s) for s in snakemake.params.seeds],
         out_items=list(snakemake.output.per_item),
+        mirror=snakemake.params.mirror,
     )

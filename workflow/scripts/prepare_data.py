@@ -11,4 +11,5 @@ with logged(snakemake.log[0]):
         out_items_dir=snakemake.output.task_items,
         out_summary=snakemake.output.summary,
         seed=snakemake.params.seed,
+        mirror=snakemake.params.mirror,
     )

@@ -8,5 +8,6 @@ with logged(snakemake.log[0]):
         snakemake.params.cfg,
         snakemake.output[0],
         allow_downloads=snakemake.params.allow_downloads,
+        download_cfg=snakemake.params.download,
         seed=snakemake.params.seed,
     )

@@ -151,6 +151,25 @@ def saved_bytes(model, adapter: bool) -> int:
                    if "lora_" not in n))
 
 
+def weights_digest(model, adapter: bool) -> str:
+    """sha256 over the weights a save would write (the LoRA adapters' tensors, or every
+    parameter and buffer of the model), by name and dtype in name order: a run that keeps
+    no model still shows whether two trainings ended at the same weights (a resumed run and
+    an uninterrupted one, tests/test_workflow.py, tests/test_slurm.py)."""
+    import hashlib
+
+    import torch
+
+    m = unwrapped(model)
+    sd = {n: p for n, p in m.state_dict().items() if ("lora_" in n) == adapter or not adapter}
+    h = hashlib.sha256()
+    for name in sorted(sd):
+        t = sd[name].detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def save_not_kept(out_dir: str | os.PathLike, info: dict) -> None:
     """A model folder that holds only ``NOT_KEPT.json`` (``info``: why, the run, the bytes a
     save would have taken), atomically: what a run that keeps no model leaves."""

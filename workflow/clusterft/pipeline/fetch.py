@@ -14,6 +14,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any, Mapping
 
 from clusterft.pipeline.errors import InputError
 from clusterft.pipeline.io import atomic_path
@@ -63,3 +64,32 @@ def wheel_member(spec: str, member: str, cache: str | os.PathLike | None = None)
                 out.write(chunk)
     return dest
 
+
+def model_cache(cfg: Mapping[str, Any] | None) -> Path:
+    """The model cache folder (download.cache, else $CLUSTERFT_CACHE/models, else
+    ~/.cache/clusterft/models)."""
+    given = (cfg or {}).get("cache")
+    return Path(os.path.expanduser(given)) if given else default_cache() / "models"
+
+
+def model_folder(spec: Mapping[str, Any], download_cfg: Mapping[str, Any] | None,
+                 field: str = "model") -> Path:
+    """Where the download stage puts a `source: hub` or `source: wheel` model: a hub id's
+    snapshot at <cache>/<owner>/<name>, a wheel's GGUF file converted at
+    <cache>/<package-version>/<file stem>."""
+    cache = model_cache(download_cfg)
+    source = spec.get("source")
+    if source == "hub":
+        hub_id = spec.get("hub_id") or ""
+        parts = hub_id.split("/")
+        if not hub_id or any(p in ("", ".", "..") for p in parts):
+            raise InputError(f"not a hub model id: {hub_id!r}", field=f"{field}.hub_id")
+        return cache / hub_id
+    if source == "wheel":
+        whl, member = spec.get("wheel") or "", spec.get("member") or ""
+        if "==" not in whl or not member.endswith(".gguf"):
+            raise InputError("source: wheel needs `wheel: name==version` and `member:` the "
+                             f"path of a .gguf file inside it (got {whl!r}, {member!r})",
+                             field=f"{field}.wheel")
+        return cache / whl.replace("==", "-") / Path(member).stem
+    raise InputError(f"source {source!r} is not downloaded", field=f"{field}.source")

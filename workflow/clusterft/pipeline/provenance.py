@@ -40,6 +40,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "merges.txt", "special_tokens_map.json")
 #: folders inside outputs that are not part of them (checkpoints of a run in progress)
 SKIP_DIRS = (".ckpt",)
+#: files inside a folder output that report on how it was made, not what it is (the base
+#: model's pretraining wall times): left out of its digest, so the same weights made on
+#: another machine or scheduler (tests/test_slurm.py) have the same lineage downstream
+SKIP_FILES = ("pretrain_metrics.json",)
 
 
 def sidecar_path(path: str | os.PathLike) -> Path:
@@ -74,6 +78,7 @@ def digest(path: str | os.PathLike, only: tuple[str, ...] | None = None) -> str:
     if p.is_dir():
         # hidden names skipped: Snakemake's .snakemake_timestamp, half-written .tmp files
         files = sorted(q for q in p.rglob("*") if q.is_file() and not is_sidecar(q)
+                       and q.name not in SKIP_FILES
                        and not any(part.endswith(SKIP_DIRS) or part.startswith(".")
                                    for part in q.relative_to(p).parts))
         if only is not None:

@@ -49,8 +49,12 @@ log = logging.getLogger(__name__)
 DEFAULTS: dict[str, Any] = {
     # Sequences per forward pass in lm-eval (log-likelihood and generation batches).
     "batch_size": 32,
-    # Largest number of new tokens per generation item.
+    # Largest number of new tokens per generation item (the repo-defined tasks).
     "max_gen_toks": 32,
+    # lm-eval's built-in generation tasks (humaneval, mbpp) keep their own task's limit
+    # (humaneval: 1024) unless this caps it (lm-eval's gen_kwargs); config/rehearsal.yaml
+    # caps it on CPU, config/paper.yaml keeps the tasks' own.
+    "builtin_max_gen_toks": None,
     # Generation stops at the first of these strings (lm-eval adds the EOS string too).
     "stop_sequences": ["\n", "</s>", "###"],
     # Items per task (int) or fraction (float < 1); null evaluates every item. For tests.
@@ -101,7 +105,9 @@ def merge_cfg(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     """Return DEFAULTS overridden by cfg; unknown keys and bad values are an InputError
     naming the field (checked with the config, before any job runs)."""
     out = merge_section(DEFAULTS, cfg, "evaluate")
-    for key in ("batch_size", "max_gen_toks", "gpus", "shards"):
+    for key in ("batch_size", "max_gen_toks", "gpus", "shards", "builtin_max_gen_toks"):
+        if key == "builtin_max_gen_toks" and out[key] is None:
+            continue
         if out[key] < 1:
             raise InputError(f"must be a positive integer, got {out[key]!r}",
                              field=f"evaluate.{key}")
@@ -486,6 +492,8 @@ def lm_eval_model_args(model_dir: str | os.PathLike, cfg: Mapping[str, Any]) -> 
     base = adapter_base(model_dir)
     args: dict[str, Any] = {"pretrained": str(model_dir), "dtype": cfg["dtype"]}
     if base is not None:
+        if Path(base).exists():  # a folder here: absolute (lm-eval may run in the mirror)
+            base = str(Path(base).resolve())
         args.update(pretrained=base, peft=str(model_dir), tokenizer=str(model_dir))
     return args
 
@@ -494,8 +502,12 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
                  item_dirs: str | os.PathLike | list[str | os.PathLike],
                  cfg: Mapping[str, Any] | None, out_json: str | os.PathLike,
                  tasks_dir: str | os.PathLike, seed: int = 0,
-                 out_items: str | os.PathLike | None = None) -> dict[str, Any]:
+                 out_items: str | os.PathLike | None = None,
+                 mirror: str | os.PathLike | None = None) -> dict[str, Any]:
     """Evaluate `model_dir` on `tasks` (one lm-eval call); write results.json and the raw results.
+
+    `mirror`: the download rule's dataset mirror, where lm-eval's built-in tasks read their
+    hub datasets (and humaneval/mbpp their code_eval metric) offline.
 
     Returns the summary written to `out_json`. The raw lm-eval results (without per-sample
     logs and non-JSON values) go to `<out_json stem>.lm_eval.json` beside it; the per-item
@@ -559,20 +571,28 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
     from clusterft.pipeline.pace import bars_only_on_terminal
 
     # lm-eval's other bars (building each task's requests, bootstrap) too: terminal only
-    with _light_env_info(bool(cfg["collect_env_info"])), bars_only_on_terminal():
+    from clusterft.pipeline.mirror import resolving_in
+
+    with _light_env_info(bool(cfg["collect_env_info"])), bars_only_on_terminal(), \
+            resolving_in(mirror if builtin else None):
         raw = lm_eval.simple_evaluate(
             model=_register_paced_model(), model_args=model_args, tasks=[s["name"] for s in specs] + builtin, task_manager=tm,
             batch_size=int(cfg["batch_size"]), device=resolve_device(cfg["device"], "evaluate.device"),
             limit=cfg["limit"], log_samples=out_items is not None, bootstrap_iters=int(cfg["bootstrap_iters"]),
             random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
             fewshot_random_seed=seed, confirm_run_unsafe_code=bool(cfg["confirm_run_unsafe_code"]),
+            # One prompt format everywhere (docs/paper_path.md, "Prompt format"): no chat
+            # template, in lm-eval as in training and scoring (Llama-2 base has none).
+            apply_chat_template=False,
+            **({"gen_kwargs": {"max_gen_toks": int(cfg["builtin_max_gen_toks"])}}
+               if builtin and cfg["builtin_max_gen_toks"] else {}),
         )
     wall = time.perf_counter() - t0
     summary = summarize(raw, specs, builtin)
     summary["meta"] = {"model_dir": model_dir, "seed": seed, "limit": cfg["limit"],
                        "batch_size": int(cfg["batch_size"]), "wall_time_s": round(wall, 3),
                        "lm_eval_import_s": round(t_import, 3),
-                       "items_over_context": over}
+                       "items_over_context": over, "chat_template": False}
     out_json = Path(out_json)
     raw_path = out_json.with_name(out_json.stem + ".lm_eval.json")
     outputs = {"results": out_json, "raw": raw_path}
@@ -593,7 +613,8 @@ def run_evaluate_many(model_dirs: list[str | os.PathLike], tasks: list[Any],
                       item_dirs: str | os.PathLike | list[str | os.PathLike],
                       cfg: Mapping[str, Any] | None, out_json: list[str | os.PathLike],
                       tasks_dir: list[str | os.PathLike], seeds: list[int],
-                      out_items: list[str | os.PathLike] | None = None) -> list[dict[str, Any]]:
+                      out_items: list[str | os.PathLike] | None = None,
+                      mirror: str | os.PathLike | None = None) -> list[dict[str, Any]]:
     """`run_evaluate` for several models (one run's seeds) one after the other in this
     process: lm-eval, torch and transformers are imported once, and each model is evaluated
     exactly as a job of its own would (its seed, its own outputs). Every model directory is
@@ -614,7 +635,8 @@ def run_evaluate_many(model_dirs: list[str | os.PathLike], tasks: list[Any],
         log.info("model %d of %d: %s (seed %d)", i + 1, n, model_dirs[i], seeds[i])
         out.append(run_evaluate(model_dirs[i], tasks, item_dirs, cfg, out_json=out_json[i],
                                 tasks_dir=tasks_dir[i], seed=int(seeds[i]),
-                                out_items=None if out_items is None else out_items[i]))
+                                out_items=None if out_items is None else out_items[i],
+                                mirror=mirror))
     return out
 
 

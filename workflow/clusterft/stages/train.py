@@ -60,7 +60,8 @@ from clusterft.modeling.distributed import (BACKENDS, DEVICES, Dist, barrier, di
                           gather_rows, mean_over_ranks, seed_everything, set_threads)
 from clusterft.pipeline.errors import InputError
 from clusterft.modeling.hf import (load_causal_lm, load_tokenizer, resolve_model,
-                                   save_adapter_dir, save_model_dir, save_not_kept, saved_bytes)
+                                   save_adapter_dir, save_model_dir, save_not_kept, saved_bytes,
+                                   weights_digest)
 from clusterft.pipeline import provenance
 from clusterft.pipeline.io import set_offline_env, write_json
 from clusterft.modeling.lora import DEFAULTS as LORA_DEFAULTS
@@ -630,6 +631,9 @@ def save_model(model, tokenizer, out_dir: str | os.PathLike, cfg: dict, world_si
                     "finetune": cfg["finetune"], "merge_lora": bool(cfg["merge_lora"])},
             "would_have_saved": "peft adapter" if adapter else "model",
             "would_have_taken_bytes": saved_bytes(model, adapter),
+            # the trained weights' digest: equal trainings are still told apart (FSDP:
+            # not gathered, so none)
+            "weights_sha256": None if cfg["fsdp"] else weights_digest(model, adapter),
         })
     elif adapter:
         save_adapter_dir(model, tokenizer, out_dir)

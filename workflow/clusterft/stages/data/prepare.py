@@ -178,7 +178,8 @@ def _custom_pool(source: str, cfg: dict, dataset: str) -> tuple[list[dict], list
 
 def run_prepare_data(dataset: str, cfg: Mapping[str, Any] | None, out_pool: str | os.PathLike,
                      out_labels: str | os.PathLike, out_items_dir: str | os.PathLike,
-                     seed: int = 0, out_summary: str | os.PathLike | None = None) -> dict:
+                     seed: int = 0, out_summary: str | os.PathLike | None = None,
+                     mirror: str | os.PathLike | None = None) -> dict:
     """Stage `prepare_data`: write the pool, its labels and the dataset's benchmark items.
 
     `dataset` is the config name; `cfg["source"]` (default: the name) picks the builder.
@@ -187,7 +188,8 @@ def run_prepare_data(dataset: str, cfg: Mapping[str, Any] | None, out_pool: str 
     0 (built-in sources) its validation items `<out_items_dir>/<task>.val.jsonl` (see the
     module docstring); returns a summary (also written to `out_summary` if given; `val`:
     validation items written per task, `val_dropped`: per task, those dropped as too close
-    to a test item, by reason).
+    to a test item, by reason). `mirror`: the download rule's dataset mirror, where a hub
+    id is read from (clusterft.pipeline.mirror), offline.
     """
     import pandas as pd
 
@@ -206,7 +208,13 @@ def run_prepare_data(dataset: str, cfg: Mapping[str, Any] | None, out_pool: str 
         ov = {k: merged.get(k, v) for k, v in OVERLAP_DEFAULTS.items()}
         val, val_dropped = drop_overlapping(built.val_items, items, ov, context=records)
     else:
-        records, labels = _custom_pool(source, merged, dataset)
+        from clusterft.pipeline.mirror import has_dataset, resolving_in
+
+        # only a mirrored hub id is read inside the mirror (a local path stays relative to here)
+        hub = merged.get("hf_dataset")
+        mirrored = bool(hub) and not os.path.exists(hub) and has_dataset(mirror, hub)
+        with resolving_in(mirror if mirrored else None):
+            records, labels = _custom_pool(source, merged, dataset)
     expected = tasks_for_dataset(source)
     if sorted(items) != sorted(expected):
         raise RuntimeError(f"{source}: built tasks {sorted(items)} != registry {expected}")
