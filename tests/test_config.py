@@ -74,7 +74,30 @@ BAD = [
     ("dataset key its source has no use for",
      lambda c: c["datasets"]["skills"].update(hf_dataset="x"), "datasets.skills.hf_dataset"),
     ("unknown tokenizer key", lambda c: c["tokenizer"].update(vocab=12), "tokenizer.vocab"),
+    ("a max_length word other than auto", lambda c: c["train"].update(max_length="longest"),
+     "train.max_length"),
+    ("a model's max_length word", lambda c: c["models"]["small"].update(
+        train={"max_length": "Auto"}), "models.small.train.max_length"),
+    ("max_length quantile above 1", lambda c: c["score"].update(max_length_quantile=1.5),
+     "score.max_length_quantile"),
+    ("max_length cap below 4", lambda c: c.setdefault("features", {}).update(max_length_cap=2),
+     "features.max_length_cap"),
+    ("resources.runtime_safety zero", lambda c: c.update(resources={"runtime_safety": 0}),
+     "resources.runtime_safety"),
 ]
+
+
+def test_max_length_auto_is_accepted_where_the_stages_measure_it() -> None:
+    """score, features and train (and a model's train override) take max_length: auto;
+    another word is refused naming the field and the two forms it may take."""
+    cfg = _edit(lambda c: (c["score"].update(max_length="auto", max_length_quantile=0.95),
+                           c.setdefault("features", {}).update(max_length="auto"),
+                           c["train"].update(max_length="auto", max_length_cap=512),
+                           c["models"]["small"].update(train={"max_length": "auto"})))
+    validate_schema(cfg, source="my.yaml")
+    check_config(cfg, source="my.yaml")
+    with pytest.raises(InputError, match=r"score\.max_length.*an integer or 'auto', got 'max'"):
+        validate_schema(_edit(lambda c: c["score"].update(max_length="max")), source="my.yaml")
 
 
 @pytest.mark.parametrize("name,edit,field", BAD, ids=[b[0] for b in BAD])
@@ -97,12 +120,10 @@ def _paper() -> dict:
 
 @pytest.mark.parametrize("method, group, field", [
     ("oracle", "methods", r"sweep\.methods\[3\].*'codealpaca' has none"),
-    ("less", "baselines", r"sweep\.baselines\.methods\[4\].*validation items"),
-    ("rds", "baselines", r"sweep\.baselines\.methods\[4\].*validation items"),
 ])
 def test_methods_whose_inputs_the_config_lacks_are_refused(method, group, field) -> None:
-    """The paper config's hub pools have no labels and its lm-eval tasks no validation
-    items: the oracle and the target-aware baselines are refused before any job."""
+    """The paper config's hub pools have no labels: the oracle is refused before any
+    job."""
     cfg = _paper()
     check_config(cfg)  # as shipped: accepted
     if group == "methods":
@@ -110,6 +131,21 @@ def test_methods_whose_inputs_the_config_lacks_are_refused(method, group, field)
     else:
         cfg["sweep"]["baselines"]["methods"].append(method)
     with pytest.raises(InputError, match=field):
+        check_config(cfg, source="paper.yaml")
+
+
+@pytest.mark.parametrize("method", ["less", "rds"])
+def test_target_aware_baselines_take_the_named_tasks_dev_splits(method) -> None:
+    """LESS and RDS+ with the paper's lm-eval tasks: admitted where some task of each
+    dataset's domain has a dev split (humaneval has none, mbpp and the MMLU subject do);
+    refused, naming the tasks and why, where a domain's tasks have none."""
+    cfg = _paper()
+    cfg["sweep"]["baselines"]["methods"].append(method)
+    check_config(cfg, source="paper.yaml")
+    cfg["tasks"]["lm_eval_tasks"]["programming"] = ["humaneval"]
+    with pytest.raises(InputError, match=r"sweep\.baselines\.methods\[4\].*no lm-eval task of "
+                       r"domain 'programming' has a dev split.*humaneval: openai_humaneval "
+                       r"has only its test split"):
         check_config(cfg, source="paper.yaml")
 
 

@@ -17,7 +17,7 @@ rule cluster:
     threads: 1
     resources:
         mem_mb=JOBS.memory("cluster", 4000),
-        runtime=JOBS.runtime(30),
+        runtime=JOBS.runtime("cluster", 30),
     params:
         cfg=section("cluster"),
     script:

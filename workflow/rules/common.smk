@@ -26,6 +26,7 @@ from clusterft.pipeline.names import DISTRIBUTIONS, FEATURE_KINDS, METHODS
 from clusterft.plan.config import prepare
 from clusterft.plan.inputs import Inputs
 from clusterft.plan.sweep import RUN, SELECTION, Sweep
+from clusterft.tools.cost import runtime_estimator
 
 # Errors name the config file, the line and the field (the last --configfile, which sets
 # most keys; config/config.yaml when none is given), or `--config` for a value an override
@@ -42,9 +43,10 @@ CFG = prepare(
     warn=lambda msg: print(f"Warning: {msg}", file=sys.stderr),
 )
 # The sweep's runs, paths and report inputs; every rule's input and param functions
-# (JOBS.<function>, grouped by rule file in clusterft.plan.inputs).
+# (JOBS.<function>, grouped by rule file in clusterft.plan.inputs), with the cost model
+# that GPU jobs' runtimes follow (clusterft.plan.resources).
 PLAN = Sweep(CFG)
-JOBS = Inputs(config, PLAN)
+JOBS = Inputs(config, PLAN, cost=runtime_estimator)
 
 ENV = "../../envs/clusterft.yaml"
 DATASETS = PLAN.datasets
@@ -59,6 +61,12 @@ RUN_SEEDS = PLAN.run_seeds
 section = JOBS.section
 task_item_dirs = JOBS.task_item_dirs
 eval_tasks = JOBS.eval_tasks
+# The download rule's outputs (download.smk); jobs that read what it fetched take
+# `download_manifest` (empty when the config reads nothing from outside) as an input and
+# the mirror (None then) as a param.
+DOWNLOAD_MANIFEST = "results/download/manifest.json"
+DOWNLOAD_MIRROR = "results/download/datasets"
+download_manifest = JOBS.download_manifest
 
 
 def per_seed(pattern):

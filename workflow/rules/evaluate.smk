@@ -12,6 +12,7 @@ if EVAL["shards"] == 1:
         input:
             model=f"results/train/{RUN}/model",
             task_items=task_item_dirs,
+            download=download_manifest,
         output:
             results=f"results/eval/{RUN}/results.json",
             raw=f"results/eval/{RUN}/results.lm_eval.json",
@@ -26,11 +27,12 @@ if EVAL["shards"] == 1:
         threads: 1
         resources:
             mem_mb=JOBS.memory("evaluate", 4000),
-            runtime=JOBS.runtime(120),
+            runtime=JOBS.runtime("evaluate", 120),
             gpu=1 if USE_GPU else 0,
         params:
             tasks=eval_tasks,
             cfg=section("evaluate"),
+            mirror=JOBS.mirror,
         script:
             "../scripts/evaluate.py"
 
@@ -39,6 +41,7 @@ if EVAL["shards"] == 1:
         input:
             model="results/models/{model}/base",
             task_items=task_item_dirs,
+            download=download_manifest,
         output:
             results="results/eval/{dataset}/{model}/base/results.json",
             raw="results/eval/{dataset}/{model}/base/results.lm_eval.json",
@@ -56,6 +59,7 @@ else:
         input:
             model=f"results/train/{RUN}/model",
             task_items=task_item_dirs,
+            download=download_manifest,
         output:
             results=f"results/eval/{RUN}/{SHARD}/results.json",
             raw=f"results/eval/{RUN}/{SHARD}/results.lm_eval.json",
@@ -73,11 +77,12 @@ else:
         threads: 1
         resources:
             mem_mb=JOBS.memory("evaluate_shard", 4000),
-            runtime=JOBS.runtime(120),
+            runtime=JOBS.runtime("evaluate_shard", 120),
             gpu=EVAL_GPUS,
         params:
             tasks=JOBS.eval_shard_tasks,
             cfg=section("evaluate"),
+            mirror=JOBS.mirror,
         script:
             "../scripts/evaluate.py"
 
@@ -85,6 +90,7 @@ else:
         input:
             model="results/models/{model}/base",
             task_items=task_item_dirs,
+            download=download_manifest,
         output:
             results=f"results/eval/{{dataset}}/{{model}}/base/{SHARD}/results.json",
             raw=f"results/eval/{{dataset}}/{{model}}/base/{SHARD}/results.lm_eval.json",
@@ -146,6 +152,7 @@ if FUSE_SEEDS and EVAL["shards"] == 1:
         input:
             model=per_seed(f"results/train/{RUN}/model"),
             task_items=task_item_dirs,
+            download=download_manifest,
         output:
             results=per_seed(f"results/eval/{RUN}/results.json"),
             raw=per_seed(f"results/eval/{RUN}/results.lm_eval.json"),
@@ -162,11 +169,12 @@ if FUSE_SEEDS and EVAL["shards"] == 1:
         threads: 1
         resources:
             mem_mb=JOBS.memory("evaluate_seeds", 4000),
-            runtime=JOBS.runtime(120 * len(SEEDS)),
+            runtime=JOBS.runtime("evaluate_seeds", 120 * len(SEEDS)),
             gpu=1 if USE_GPU else 0,
         params:
             tasks=eval_tasks,
             cfg=section("evaluate"),
+            mirror=JOBS.mirror,
             seeds=SEEDS,
         script:
             "../scripts/evaluate_seeds.py"

@@ -8,7 +8,7 @@ rule embedding_features:
     input:
         model="results/models/{model}/base",
         pool="results/data/{dataset}/pool.jsonl",
-        task_items=task_item_dirs,
+        task_items=JOBS.target_item_dirs,
     output:
         features="results/features/{dataset}/{model}/embedding/s{seed}/features.npy",
         scores="results/features/{dataset}/{model}/embedding/s{seed}/scores.parquet",
@@ -23,7 +23,7 @@ rule embedding_features:
     threads: 1
     resources:
         mem_mb=JOBS.memory("embedding_features", 4000),
-        runtime=JOBS.runtime(60),
+        runtime=JOBS.runtime("embedding_features", 60),
         gpu=SCORE_GPU,
     params:
         cfg=section("features"),

@@ -5,6 +5,7 @@
 rule tokenizer:
     input:
         corpus="results/corpus/general.txt",
+        download=download_manifest,
     output:
         directory("results/models/tokenizer"),
     log:
@@ -19,6 +20,7 @@ rule tokenizer:
         runtime=30,
     params:
         cfg=section("tokenizer"),
+        download=JOBS.download_section,
         allow_downloads=config["allow_downloads"],
         seed=config["data_seed"],
     script:
@@ -29,6 +31,7 @@ rule base_model:
     input:
         tokenizer="results/models/tokenizer",
         corpus="results/corpus/general.txt",
+        download=download_manifest,
     output:
         directory("results/models/{model}/base"),
     log:
@@ -40,9 +43,10 @@ rule base_model:
     threads: 1
     resources:
         mem_mb=JOBS.memory("base_model", 8000),
-        runtime=JOBS.runtime(120),
+        runtime=JOBS.runtime("base_model", 120),
     params:
         cfg=JOBS.base_model_cfg,
+        download=JOBS.download_section,
         allow_downloads=config["allow_downloads"],
         seed=config["data_seed"],
     script:

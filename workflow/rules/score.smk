@@ -10,10 +10,9 @@
 from clusterft.plan.inputs import SCORE_DIR, SCORE_SHARD, SCORE_WARMUP
 
 SCORE_SHARDS = JOBS.score_shards
-SCORE_DEVICE = str(CFG["score"]["device"])
 # One GPU per job that runs the model (the warm-up, each shard, or the one score job):
 # score.device cuda, or auto where the training runs on GPUs (train.device: cuda).
-SCORE_GPU = int(SCORE_DEVICE.startswith("cuda") or (SCORE_DEVICE == "auto" and USE_GPU))
+SCORE_GPU = JOBS.score_gpu
 
 
 wildcard_constraints:
@@ -35,7 +34,7 @@ rule score_warmup:
     threads: 1
     resources:
         mem_mb=JOBS.memory("score_warmup", 8000),
-        runtime=JOBS.runtime(240),
+        runtime=JOBS.runtime("score_warmup", 240),
         gpu=SCORE_GPU,
     params:
         cfg=JOBS.score_warmup_cfg,
@@ -49,7 +48,7 @@ rule score_shard:
         model="results/models/{model}/base",
         pool="results/data/{dataset}/pool.jsonl",
         warmup=SCORE_WARMUP,
-        task_items=task_item_dirs,
+        task_items=JOBS.target_item_dirs,
     output:
         shard=temp(SCORE_SHARD),
     log:
@@ -61,7 +60,7 @@ rule score_shard:
     threads: 1
     resources:
         mem_mb=JOBS.memory("score_shard", 8000),
-        runtime=JOBS.runtime(240),
+        runtime=JOBS.runtime("score_shard", 240),
         gpu=SCORE_GPU,
     params:
         cfg=section("score"),
@@ -88,7 +87,7 @@ rule score:
     threads: 1
     resources:
         mem_mb=JOBS.memory("score", 8000),
-        runtime=JOBS.runtime(240),
+        runtime=JOBS.runtime("score", 240),
         gpu=SCORE_GPU if SCORE_SHARDS == 1 else 0,
     params:
         cfg=section("score"),

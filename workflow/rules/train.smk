@@ -29,7 +29,7 @@ rule train:
     threads: lambda w: JOBS.train_job(w)["ranks_per_node"]
     resources:
         mem_mb=JOBS.memory("train", 4000),
-        runtime=JOBS.runtime(600),
+        runtime=JOBS.runtime("train", 600),
         gpu=lambda w: JOBS.train_job(w)["gpu"],
         # several nodes: sbatch --nodes, one task per node, the job's own srun ("mpi", so
         # Snakemake's SLURM job step runs the command as it is), GPUs per node; unset else
@@ -74,7 +74,7 @@ if FUSE_SEEDS:
         threads: 1
         resources:
             mem_mb=JOBS.memory("train_seeds", 4000),
-            runtime=JOBS.runtime(600 * len(SEEDS)),
+            runtime=JOBS.runtime("train_seeds", 600 * len(SEEDS)),
             gpu=lambda w: JOBS.train_job(w)["gpu"],
         params:
             launcher=JOBS.train_launcher,

@@ -140,13 +140,17 @@ def check_sections(cfg: dict) -> None:
     from clusterft.modeling import pretrain
     from clusterft.stages import train
     from clusterft.pipeline.sections import check_keys
+    from clusterft.modeling import lengths
 
     for name, defaults in stage_defaults().items():  # tokenizer included
         check_keys(defaults, cfg.get(name), name)
+        if "max_length_quantile" in defaults:  # score, features, train: max_length auto
+            lengths.check_keys({**defaults, **(cfg.get(name) or {})}, name)
     evaluate.merge_cfg(cfg.get("evaluate"))  # values too: shards, gpus, dtype, parallelize
     for name, m in (cfg.get("models") or {}).items():
         check_keys(pretrain.DEFAULTS, m.get("pretrain"), f"models.{name}.pretrain")
         check_keys(train.DEFAULTS, m.get("train"), f"models.{name}.train")
+        lengths.check_keys({**train.DEFAULTS, **(m.get("train") or {})}, f"models.{name}.train")
     for name, d in (cfg.get("datasets") or {}).items():
         data.merge_cfg(d["source"], d, name)
 
@@ -154,11 +158,11 @@ def check_sections(cfg: dict) -> None:
 def stage_defaults() -> dict[str, dict]:
     """Each stage section's defaults: the DEFAULTS of the module that reads the section
     (the one place a default is written; check_sections checks the keys against them)."""
-    from clusterft.stages import cluster, evaluate, models, report, score, select, train
+    from clusterft.stages import cluster, download, evaluate, models, report, score, select, train
     from clusterft.stages.data import corpus
     from clusterft.stages.features import representations as features
 
-    return {"corpus": corpus.DEFAULTS, "tokenizer": models.TOKENIZER_DEFAULTS,
+    return {"download": download.DEFAULTS, "corpus": corpus.DEFAULTS, "tokenizer": models.TOKENIZER_DEFAULTS,
             "score": score.DEFAULTS, "features": features.DEFAULTS, "cluster": cluster.DEFAULTS,
             "select": select.DEFAULTS, "train": train.DEFAULTS, "evaluate": evaluate.DEFAULTS,
             "report": report.DEFAULTS}
@@ -406,12 +410,32 @@ def has_labels(spec: dict) -> bool:
     return True
 
 
+def domains_without_targets(cfg: dict) -> list[tuple[str, list[str]]]:
+    """(domain, its tasks) of every domain of the config's datasets none of whose named
+    lm-eval tasks has a dev split (clusterft.tasks.lm_eval_docs.DEV_SPLITS): LESS and RDS+
+    have no targets there. Empty without tasks.lm_eval_tasks."""
+    from clusterft.tasks.lm_eval_docs import has_dev_split
+
+    if not (cfg.get("tasks") or {}).get("lm_eval_tasks"):
+        return []
+    out: list[tuple[str, list[str]]] = []
+    for name, spec in cfg["datasets"].items():
+        tasks = tasks_for(cfg, name)
+        if not any(has_dev_split(t) for t in tasks) and spec["domain"] not in dict(out):
+            out.append((spec["domain"], tasks))
+    return out
+
+
 def check_method_inputs(cfg: dict, source: str = "config") -> None:
     """Refuse, before any work, methods whose inputs the config cannot give: the oracle
     reads true labels, LESS and RDS+ read the benchmark tasks' validation items (written
-    by prepare_data for the repo-defined tasks only, not for named lm-eval tasks)."""
+    by prepare_data for the repo-defined tasks; for named lm-eval tasks, the dev items
+    benchmark_docs takes from their dev splits: some task of each dataset's domain needs
+    one)."""
+    from clusterft.tasks.lm_eval_docs import dev_split
+
     sweep = cfg["sweep"]
-    named = bool((cfg.get("tasks") or {}).get("lm_eval_tasks"))
+    targetless = domains_without_targets(cfg)
     unlabelled = [d for d, spec in cfg["datasets"].items() if not has_labels(spec)]
     groups = (("methods", sweep["methods"]),
               ("baselines.methods", (sweep.get("baselines") or {}).get("methods", [])))
@@ -422,11 +446,14 @@ def check_method_inputs(cfg: dict, source: str = "config") -> None:
                     f"method '{m}' selects on the true labels, but dataset "
                     f"'{unlabelled[0]}' has none (map a `label` column under its columns, or "
                     f"`label_field` for a JSONL pool), or drop '{m}'", source, f"sweep.{key}[{i}]")
-            if m in TARGET_AWARE and named:
+            if m in TARGET_AWARE and targetless:
+                domain, tasks = targetless[0]
+                why = "; ".join(f"{t}: {dev_split(t).why}" for t in tasks) or "no tasks"
                 raise config_error(
-                    f"method '{m}' selects by similarity to the benchmark tasks' validation "
-                    "items, which exist for the repo-defined tasks only (tasks.lm_eval_tasks "
-                    f"names lm-eval tasks); drop '{m}'", source, f"sweep.{key}[{i}]")
+                    f"method '{m}' selects by similarity to the benchmark tasks' dev items, "
+                    f"but no lm-eval task of domain '{domain}' has a dev split to take them "
+                    f"from ({why}); add such a task to tasks.lm_eval_tasks.{domain}, or drop "
+                    f"'{m}'", source, f"sweep.{key}[{i}]")
 
 
 def model_train_value(cfg: dict, model: str, key: str) -> tuple[Any, str]:
@@ -459,6 +486,10 @@ def emulated_bf16_fields(cfg: dict) -> list[str]:
         prec, field = model_train_value(cfg, name, "precision")
         if prec == "bf16" and on_cpu(model_train_value(cfg, name, "device")[0]):
             out.append(field)
+    for section in ("score", "features"):  # their own precision and device
+        sec = cfg.get(section) or {}
+        if sec.get("precision") == "bf16" and on_cpu(sec.get("device")):
+            out.append(f"{section}.precision")
     ev = cfg.get("evaluate") or {}
     if ev.get("dtype") == "bfloat16" and on_cpu(ev.get("device")):
         out.append("evaluate.dtype")
@@ -563,6 +594,12 @@ def check_config(cfg: dict, source: str = "config") -> None:
                 raise config_error(f"fsdp: true needs at least 2 GPUs, but sweep.{key} trains "
                                    f"model '{name}' on 1; set fsdp: false or use 2 or more GPUs",
                                    source, fsdp_where)
+    for name in cfg["models"]:
+        keep, where = model_train_value(cfg, name, "keep_model")
+        if keep is False:
+            raise config_error("keep_model: false would leave the evaluated runs without a "
+                               "model; the workflow sets it for the runs that are only timed "
+                               "(remove the key)", source, where)
     trunc = (cfg.get("train") or {}).get("truncation")
     if trunc is not None and trunc not in POLICIES:
         raise config_error(f"unknown truncation policy '{trunc}'; valid: {', '.join(POLICIES)}",

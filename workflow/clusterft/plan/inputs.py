@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -49,8 +50,17 @@ def wild(wildcards: Any) -> SimpleNamespace:
 class Inputs:
     """Input and param functions of every rule (see the module docstring)."""
 
-    def __init__(self, config: dict, plan: Sweep) -> None:
+    def __init__(self, config: dict, plan: Sweep, cost: Callable[[dict], Any] | None = None,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.config, self.plan, self.cfg = config, plan, plan.cfg
+        # the cost model behind the GPU jobs' runtimes: clusterft.tools.cost.runtime_estimator
+        # (a layer above; the rule files hand it in), called once with the settled config.
+        # None: every job keeps its rule's fixed runtime, as on CPU.
+        self.cost = cost
+        # runtime warnings (jobs longer than resources.max_runtime, or a day), each once
+        self.warn = warn or (lambda msg: print(f"Warning: {msg}", file=sys.stderr))
+        self._warned: set = set()
+        self._estimator: Any = None
 
     # ----------------------------------------------------------------- shared
     def memory(self, rule: str, fixed: int) -> Callable[..., int]:
@@ -68,15 +78,73 @@ class Inputs:
 
         return mem_mb
 
-    @staticmethod
-    def runtime(fixed: int) -> Callable[..., int]:
-        """A rule's runtime (minutes), times the attempt: a job killed at its time limit is
-        resubmitted with more (the profile's retries)."""
+    def runtime(self, rule: str, fixed: int) -> Callable[..., int]:
+        """A rule's runtime (minutes): its fixed value, or more where the cost model's
+        estimate for the job times resources.runtime_safety says so, times the attempt (a
+        job killed at its time limit is resubmitted with more: the profile's retries), at
+        most resources.max_runtime (clusterft.plan.resources)."""
+        from clusterft.plan.resources import runtime_minutes
 
         def minutes(wildcards: Any, attempt: int = 1) -> int:
-            return int(fixed) * max(1, int(attempt))
+            safety, ceiling = self.runtime_limits
+            estimate = self.runtime_estimate(rule, wildcards)
+            self._check_runtime(rule, wildcards, fixed, estimate)
+            return runtime_minutes(fixed, estimate, attempt, safety, ceiling)
 
         return minutes
+
+    @property
+    def runtime_limits(self) -> tuple[float, int | None]:
+        """(resources.runtime_safety, resources.max_runtime) of the config."""
+        from clusterft.plan.resources import RUNTIME_SAFETY
+
+        res = self.cfg.get("resources") or {}
+        return float(res.get("runtime_safety", RUNTIME_SAFETY)), res.get("max_runtime")
+
+    def runtime_estimate(self, rule: str, wildcards: Any) -> float:
+        """The cost model's minutes for this job before the safety factor (0: none; GPU
+        rules are estimated where the job runs on a GPU only)."""
+        from clusterft.plan.resources import GPU_RULES, estimate_minutes
+
+        w = vars(wild(wildcards))
+        if rule.startswith("score") or rule == "embedding_features":
+            on_gpu = bool(self.score_gpu)
+        else:
+            on_gpu = self.use_gpu
+        if rule in GPU_RULES and on_gpu and self._estimator is None and self.cost is not None:
+            self._estimator = self.cost(self.cfg)
+        if rule == "train":
+            merged = self.plan.is_time_only(w)
+        elif rule == "score":
+            merged = self.score_shards > 1
+        else:
+            merged = rule in ("evaluate", "evaluate_base") and int(
+                self.cfg["evaluate"]["shards"]) > 1
+        return estimate_minutes(rule, self.cfg, w, self._estimator, on_gpu, merged)
+
+    def _check_runtime(self, rule: str, wildcards: Any, fixed: int, estimate: float) -> None:
+        """Warn once per rule, dataset, model and kind about a job whose first attempt needs
+        more than resources.max_runtime (it is capped there) or, without one, over a day."""
+        from clusterft.plan.resources import DAY_MINUTES, SPLIT_HINTS, runtime_need
+
+        safety, ceiling = self.runtime_limits
+        need = runtime_need(fixed, estimate, safety)
+        limit = int(ceiling) if ceiling else DAY_MINUTES
+        w = vars(wild(wildcards))
+        key = (rule, w.get("dataset"), w.get("model"), w.get("kind"))
+        # without a ceiling only an estimate over a day counts, not a long fixed value
+        over = need > limit and (bool(ceiling) or need > int(fixed))
+        if not over or key in self._warned:
+            return
+        self._warned.add(key)
+        job = ", ".join(f"{k}={w[k]}" for k in ("dataset", "model", "kind") if k in w)
+        what = (f"resources.max_runtime caps it at {limit / 60:.1f} h" if ceiling else
+                "longer than many GPU partitions allow (`sinfo -o '%P %l'` lists the limits); "
+                "set resources.max_runtime to the partition's limit (minutes) to cap it")
+        hint = SPLIT_HINTS.get(rule)
+        self.warn(f"{rule} ({job}) asks for {need / 60:.1f} h (runtime_safety {safety:g} x "
+                  f"the cost model's {estimate / 60:.1f} h); {what}"
+                  + (f"; {hint}" if hint else ""))
 
     def section(self, name: str) -> dict:
         """A config section for a rule's params (the package merges its DEFAULTS)."""
@@ -95,12 +163,72 @@ class Inputs:
     def eval_tasks(self, wildcards: Any) -> list[str]:
         return tasks_for(self.config, wild(wildcards).dataset)
 
+    def benchmark_docs_dirs(self, wildcards: Any = None) -> list[str]:
+        """The benchmark_docs rule's folder (the named lm-eval tasks' test documents and dev
+        items as items), or nothing where the config names no lm-eval task."""
+        from clusterft.stages.data.benchmark_docs import OUT_DIR
+
+        return [OUT_DIR] if self.cfg["tasks"].get("lm_eval_tasks") else []
+
+    def target_item_dirs(self, wildcards: Any) -> list[str]:
+        """Where score and features find the tasks' dev items (LESS's and RDS+'s targets):
+        the dataset's own task-item folder, then the named lm-eval tasks' (never given to
+        evaluate, which would take a task with an item file for a repo-defined one)."""
+        return self.task_item_dirs(wildcards) + self.benchmark_docs_dirs()
+
+    # ----------------------------------------------------------------- download.smk
+    @property
+    def needs_download(self) -> bool:
+        """Whether the config names anything the download rule fetches: a hub model or
+        tokenizer, a `source: hf` pool read by hub id, lm-eval's built-in tasks."""
+        from clusterft.stages.download import needs_download
+
+        return needs_download(self.cfg)
+
+    @property
+    def mirror(self) -> str | None:
+        """The run's hub-dataset mirror (clusterft.pipeline.mirror) that jobs read hub ids
+        from, offline; None when the config reads no hub dataset."""
+        from clusterft.stages.download import MIRROR
+
+        return MIRROR if self.needs_download else None
+
+    def download_manifest(self, wildcards: Any = None) -> list[str]:
+        """Input of every job that reads downloaded things: the download rule's manifest,
+        or nothing (the embedded default's DAG has no download job)."""
+        from clusterft.stages.download import MANIFEST
+
+        return [MANIFEST] if self.needs_download else []
+
+    @property
+    def download_params(self) -> dict:
+        """What the download stage reads: the sections that name outside things, and its own."""
+        keys = ("data_seed", "datasets", "tasks", "tokenizer", "models", "download")
+        return canonical({k: self.config[k] for k in keys if k in self.config})
+
+    @property
+    def download_section(self) -> dict:
+        """The download section (where the model cache is), for jobs reading from it."""
+        return canonical(self.config.get("download") or {})
+
     # ----------------------------------------------------------------- data.smk
     def dataset_cfg(self, wildcards: Any) -> dict:
         """A dataset's section; tasks.items_per_task applies unless the dataset sets it."""
         items = self.cfg["tasks"]["items_per_task"]
         return canonical({"items_per_task": items,
                           **self.config["datasets"][wild(wildcards).dataset]})
+
+    def benchmark_docs_tasks(self, wildcards: Any = None) -> list[str]:
+        """The lm-eval tasks the config names (tasks.lm_eval_tasks), each once, in order."""
+        from clusterft.stages.download import builtin_tasks
+
+        return builtin_tasks(self.cfg)
+
+    @property
+    def confirm_run_unsafe_code(self) -> bool:
+        """evaluate.confirm_run_unsafe_code: lm-eval's code tasks (humaneval, mbpp) run the
+        code_eval metric when their task modules are imported, benchmark_docs too."""
+        return bool(self.cfg["evaluate"]["confirm_run_unsafe_code"])
 
     def decontaminate_cfg(self, wildcards: Any) -> dict:
         """tasks.decontaminate / max_overlap and the dataset's overlap-check keys only
@@ -130,7 +258,7 @@ class Inputs:
         w = wild(wildcards)
         out: dict[str, Any] = {"model": f"results/models/{w.model}/base",
                                "pool": f"results/data/{w.dataset}/pool.jsonl",
-                               "task_items": self.task_item_dirs(w)}
+                               "task_items": self.target_item_dirs(w)}
         if self.score_shards > 1:
             out["warmup"] = SCORE_WARMUP.format(**vars(w))
             out["shards"] = [SCORE_SHARD.format(**{**vars(w), "shard": i})
@@ -142,10 +270,12 @@ class Inputs:
         return {k: v for k, v in self.section("score").items() if k != "shards"}
 
     def length_policy(self, wildcards: Any) -> dict:
-        """The model's train max_length / truncation keys (set ones only) that score checks
-        the pool against before any gradient work."""
+        """The model's train max_length / truncation keys (set ones only; with max_length
+        auto, its quantile and cap) that score checks the pool against before any gradient
+        work."""
         cfg = self.model_train_section(wild(wildcards).model)
-        return {k: cfg[k] for k in ("max_length", "truncation") if k in cfg}
+        return {k: cfg[k] for k in ("max_length", "truncation", "max_length_quantile",
+                                    "max_length_cap") if k in cfg}
 
     # ----------------------------------------------------------------- cluster.smk
     def cluster_inputs(self, wildcards: Any) -> dict:
@@ -179,11 +309,14 @@ class Inputs:
     # ----------------------------------------------------------------- train.smk
     def run_train_cfg(self, run: dict) -> str:
         """The model's train section (JSON) as `run` trains; time-only runs train
-        sweep.time.epochs epochs when that is set."""
+        sweep.time.epochs epochs when that is set, and keep no model (keep_model: false:
+        nothing evaluates them). An accuracy run's section is the model's as it is."""
         cfg = self.model_train_section(run["model"])
         epochs = self.cfg["sweep"]["time"]["epochs"]
         if epochs is not None and self.plan.is_time_only(run):
             cfg = {**cfg, "epochs": int(epochs)}
+        if self.plan.is_time_only(run):
+            cfg = {**cfg, "keep_model": False}
         return json.dumps(canonical(cfg))
 
     def train_cfg(self, wildcards: Any) -> str:
@@ -203,6 +336,14 @@ class Inputs:
     def use_gpu(self) -> bool:
         """Whether jobs ask for GPUs: train.device cuda."""
         return self.cfg["train"]["device"] == "cuda"
+
+    @property
+    def score_gpu(self) -> int:
+        """GPUs of a job that runs the model in score.smk and features.smk (the warm-up, a
+        shard, the one score job, the embeddings): 1 with score.device cuda, or auto where
+        training runs on GPUs (train.device: cuda); else 0."""
+        device = str(self.cfg["score"]["device"])
+        return int(device.startswith("cuda") or (device == "auto" and self.use_gpu))
 
     def train_launcher(self, wildcards: Any) -> str:
         """One rank: plain `python` (torchrun's launcher process adds seconds per job and

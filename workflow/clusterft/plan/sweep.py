@@ -19,7 +19,8 @@ A run is one training: `dataset`, `model`, `method`, `budget` (its path label,
   at sweep.budgets with the other distribution; every seed;
 * time (train metrics only): full data and sweep.time's methods at its budgets, across its
   GPU counts, distributions, seeds and models. A time run equal to an accuracy run is the
-  same run (trained once).
+  same run (trained once). A run that is only timed keeps no model (train.keep_model
+  false: its model folder holds NOT_KEPT.json); nothing takes it as an input.
 """
 
 from __future__ import annotations
@@ -228,11 +229,14 @@ class Sweep:
     # ----------------------------------------------------------------- train settings
     def train_settings(self, run: dict) -> dict:
         """The model's train section (its own overrides merged, DEFAULTS under them) as
-        `run` trains: time-only runs train sweep.time.epochs epochs when that is set."""
+        `run` trains: time-only runs train sweep.time.epochs epochs when that is set, and
+        keep no model (keep_model false: their folder holds only NOT_KEPT.json)."""
         cfg = dict(self.cfg["model_train"][run["model"]])
         epochs = self.cfg["sweep"]["time"]["epochs"]
         if epochs is not None and self.is_time_only(run):
             cfg["epochs"] = int(epochs)
+        if self.is_time_only(run):
+            cfg["keep_model"] = False
         return cfg
 
     # ----------------------------------------------------------------- jobs
@@ -254,8 +258,14 @@ class Sweep:
         cfg, seeds = self.cfg, [int(s) for s in self.seeds]
         score_shards = int(cfg["score"]["shards"])
         eval_sharded = int(cfg["evaluate"]["shards"]) > 1
+        from clusterft.stages.download import needs_download
+
+        if needs_download(cfg):  # models, hub pools, lm-eval data from outside the run
+            job("download")
         for d in self.datasets:
             job("prepare_data", dataset=d)
+        if cfg["tasks"].get("lm_eval_tasks"):  # the named lm-eval tasks' items
+            job("benchmark_docs")
         for d in self.datasets:
             job("decontaminate", dataset=d)
         job("contamination_table")

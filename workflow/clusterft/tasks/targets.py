@@ -18,6 +18,19 @@ gold answer of a generation item with its dataset's response prefix (the stored 
 stripped; skills responses start with a space, ``pools.skills.RESPONSE_PREFIX``), i.e. the
 response a pool example of that task would have.
 
+The named lm-eval tasks (config/paper.yaml) get their validation items from the
+``benchmark_docs`` stage: dev items of each task's own dev split, in the same item format
+and folder layout (``clusterft.tasks.lm_eval_docs``; ``results/tasks/lm-eval``, the item
+folder after the dataset's own). Their prompt is lm-eval's ``doc_to_text`` of the document
+(no instruction wrapping, so it is the user message as is) and their gold response the
+gold choice (e.g. the letter "B": lm-eval scores it after the prompt's "Answer:") or the
+reference answer (mbpp's reference program). So a target record renders in the suite's
+prompt format, the format the pool is trained and scored in (as LESS formats its MMLU dev
+examples in its training chat format), around the text lm-eval evaluates; lm-eval itself
+puts no such wrapping around it, nor MMLU's one-line subject description before it. A task
+without a dev split (humaneval) has an empty ``.val.jsonl``: no records (a warning), its
+domain's other tasks give the targets.
+
 **LESS** (:func:`less_scores`): a pool example's influence on a validation example is the
 learning-rate-weighted sum over warm-up checkpoints of the cosine between their gradient
 features; score's rows are built so that the dot product of two rows is exactly that
@@ -144,7 +157,8 @@ def val_records(items_dir: str | os.PathLike | Sequence[str | os.PathLike],
         path = next((val_file(d, task) for d in dirs if val_file(d, task).exists()), None)
         if path is None:
             raise InputError(f"no validation items for task {task!r}: prepare_data writes "
-                             "<task>.val.jsonl with the dataset's val_per_task > 0",
+                             "<task>.val.jsonl with the dataset's val_per_task > 0, "
+                             "benchmark_docs for a named lm-eval task it could read",
                              path=str(val_file(dirs[0], task)), field="val_per_task")
         items = read_jsonl(path)
         if not items:
@@ -163,7 +177,8 @@ def val_records(items_dir: str | os.PathLike | Sequence[str | os.PathLike],
 def available(items_dir: str | os.PathLike | Sequence[str | os.PathLike],
               tasks: Sequence[str]) -> bool:
     """Whether every task has a validation file (prepare_data with val_per_task > 0 and
-    repo-defined tasks); lm-eval's built-in tasks and users' own pools have none."""
+    repo-defined tasks; benchmark_docs for named lm-eval tasks, an empty one where the task
+    has no dev split); users' own pools have none."""
     dirs = _dirs(items_dir)
     return bool(tasks) and all(any(val_file(d, t).exists() for d in dirs) for t in tasks)
 

@@ -30,6 +30,7 @@ README_TEMPLATE = ROOT / "config" / "README.template.md"
 
 # config section -> (module, key of its DEFAULTS or None for the whole dict)
 SECTIONS: dict[str, tuple[str, str | None]] = {
+    "download": ("clusterft.stages.download", None),
     "corpus": ("clusterft.stages.data.corpus", None),
     "score": ("clusterft.stages.score", None),
     "features": ("clusterft.stages.features.representations", None),

@@ -14,10 +14,18 @@ It writes one row per benchmark task (`contamination.csv`: counts by reason, dro
 remaining) and fails, naming the pool, the task and the count, if more than
 `tasks.max_overlap` examples overlapping one task remain (default 0). A record counts
 under the first benchmark item it matches.
+
+The named lm-eval tasks (config/paper.yaml) come as one more item folder, written by the
+`benchmark_docs` stage (`clusterft.stages.data.benchmark_docs`): their test documents as
+items, checked exactly as the repo's own. A task that stage could not read is listed in
+its summary.json as not checked: its row says ``checked`` false with empty counts (never
+0 overlaps: nothing was compared), and a warning names it. Every other row says
+``checked`` true.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from pathlib import Path
@@ -29,6 +37,8 @@ from clusterft.pipeline.io import read_jsonl, write_text
 from clusterft.pools import OVERLAP_DEFAULTS, OverlapIndex, item_pair, record_pair
 from clusterft.tasks.registry import is_val_file
 
+log = logging.getLogger(__name__)
+
 DEFAULTS: dict[str, Any] = {
     # drop (remove overlapping pool examples) | flag (keep and count them).
     "action": "drop",
@@ -37,8 +47,10 @@ DEFAULTS: dict[str, Any] = {
 }
 ACTIONS = ("drop", "flag")
 REASONS = ("exact", "ngram", "similar")
-COLUMNS = ("dataset", "task", *REASONS, "overlapping", "action", "dropped", "remaining",
-           "max_overlap")
+COLUMNS = ("dataset", "task", "checked", *REASONS, "overlapping", "action", "dropped",
+           "remaining", "max_overlap")
+#: the counts a not-checked task's row leaves empty (NA)
+COUNTS = (*REASONS, "overlapping", "dropped", "remaining")
 
 
 def load_items(item_dirs: Sequence[str | os.PathLike]) -> dict[str, list[dict]]:
@@ -51,6 +63,19 @@ def load_items(item_dirs: Sequence[str | os.PathLike]) -> dict[str, list[dict]]:
             if not is_val_file(f):
                 items[f.stem] = read_jsonl(f)
     return items
+
+
+def not_checked(item_dirs: Sequence[str | os.PathLike]) -> dict[str, str]:
+    """task -> why, for every task an item folder's summary.json (the benchmark_docs
+    stage's) lists as not checked: its test documents could not be read."""
+    from clusterft.stages.data.benchmark_docs import read_summary
+
+    out: dict[str, str] = {}
+    for d in item_dirs:
+        for task, entry in read_summary(d).items():
+            if not entry.get("checked", False):
+                out[task] = str(entry.get("error") or "not read")
+    return out
 
 
 def overlaps(records: Sequence[dict], items: Mapping[str, Sequence[dict]],
@@ -107,14 +132,22 @@ def decontaminate(records: list[dict], items: Mapping[str, Sequence[dict]], acti
 
 
 def table_rows(dataset: str, counts: Mapping[str, Counter], action: str,
-               max_overlap: int) -> list[dict]:
+               max_overlap: int, unchecked: Sequence[str] = ()) -> list[dict]:
+    """One row per task, sorted by task: the counts of each checked task; `unchecked`
+    tasks with ``checked`` false and empty counts."""
     rows = []
-    for task in sorted(counts):
-        c = counts[task]
-        rows.append({"dataset": dataset, "task": task, **{r: c[r] for r in REASONS},
-                     "overlapping": sum(c[r] for r in REASONS), "action": action,
-                     "dropped": c["dropped"], "remaining": c["remaining"],
-                     "max_overlap": max_overlap})
+    for task in sorted(set(counts) | set(unchecked)):
+        if task in counts:
+            c = counts[task]
+            rows.append({"dataset": dataset, "task": task, "checked": True,
+                         **{r: c[r] for r in REASONS},
+                         "overlapping": sum(c[r] for r in REASONS), "action": action,
+                         "dropped": c["dropped"], "remaining": c["remaining"],
+                         "max_overlap": max_overlap})
+        else:
+            rows.append({"dataset": dataset, "task": task, "checked": False,
+                         **{k: None for k in COUNTS}, "action": action,
+                         "max_overlap": max_overlap})
     return rows
 
 
@@ -125,7 +158,8 @@ def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Non
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(COLUMNS), lineterminator="\n")
     w.writeheader()
-    w.writerows(rows)
+    for row in rows:  # true/false as the CSV readers (pandas) parse them; None as empty
+        w.writerow({k: str(v).lower() if isinstance(v, bool) else v for k, v in row.items()})
     write_text(path, buf.getvalue())
 
 
@@ -150,12 +184,16 @@ def run_decontaminate(dataset: str, raw_pool: str | os.PathLike,
         {"pool": raw_pool, "items": [d for d in item_dirs if Path(d).is_dir()]}, "decontaminate")
     records = load_pool(raw_pool)
     items = load_items(item_dirs)
+    unchecked = {t: why for t, why in not_checked(item_dirs).items() if t not in items}
+    for task, why in sorted(unchecked.items()):
+        log.warning("pool '%s' is NOT checked against benchmark task '%s': its test documents "
+                    "were not read (%s)", dataset, task, why)
     kept, counts, found = decontaminate(records, items, action, ov)
-    rows = table_rows(dataset, counts, action, max_overlap)
+    rows = table_rows(dataset, counts, action, max_overlap, sorted(unchecked))
     first: dict[str, tuple[int, str]] = {}
     for i, task, reason in found:
         first.setdefault(task, (i, reason))
-    over = [r for r in rows if r["remaining"] > max_overlap]
+    over = [r for r in rows if r["checked"] and r["remaining"] > max_overlap]
     if over:
         worst = max(over, key=lambda r: r["remaining"])
         i, reason = first[worst["task"]]
