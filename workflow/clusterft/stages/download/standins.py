@@ -176,15 +176,9 @@ def write_all(cfg: Mapping[str, Any], root: Path, dcfg: Mapping[str, Any]) -> di
                 if TASKS[t].output_type == "multiple_choice" for it in its]
         pool = [pool[j] for j in rng.permutation(len(pool))]
         four = [x for x in (four_choices(it, rng) for it in pool) if x is not None]
-        from clusterft.modeling.prompt import INSTRUCTION, RESPONSE
+        from clusterft.tasks.targets import user_text
 
-        def question(it: Mapping[str, Any]) -> str:
-            p = it["prompt"]
-            if p.startswith(INSTRUCTION) and p.endswith(RESPONSE):
-                p = p[len(INSTRUCTION):-len(RESPONSE)]
-            return p.strip()
-
-        questions = [question(it) for it in pool if len(it["choices"]) >= 4]
+        questions = [user_text(it["prompt"]).strip() for it in pool if len(it["choices"]) >= 4]
         if len(four) < per_task * len(mc):
             raise InputError(f"the embedded '{source}' build gave {len(four)} four-choice items,"
                              f" {per_task * len(mc)} needed for {mc}", field="download.standins")
