@@ -45,7 +45,7 @@ import numpy as np
 from clusterft.pipeline.errors import InputError
 from clusterft.modeling.prompt import render_example
 
-POOL_NAMES = ("skills", "pycode", "icd10")
+POOL_NAMES = ("skills", "pycode", "icd10", "cipher")
 
 OVERLAP_DEFAULTS: dict = {
     # Word n-gram length of the near-duplicate check (13 as in GPT-3's decontamination).

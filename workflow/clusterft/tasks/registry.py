@@ -77,6 +77,11 @@ _TASKS = (
     TaskSpec("icd10_block_mc", "icd10", "medicine", "multiple_choice", 0.25,
              "Held-out ICD-10 categories: pick the block title of a diagnosis among 4 "
              "block titles (3 random other blocks); balanced over chapters I-XXI."),
+    TaskSpec("cipher_words", "cipher", "programming", "generate_until", 0.0,
+             "The testbed (pools/cipher.py): encode a held-out word tuple with one of the "
+             "ciphers (a fixed permutation of a shared vocabulary named by its key), items "
+             "uniform over the ciphers; exact match of every word. Chance ~0 (a guesser "
+             "that knows the format picks one of n_words words per position)."),
     TaskSpec("icd10_code_chapter", "icd10", "medicine", "generate_until", 1 / 21,
              "Held-out ICD-10 codes: answer the chapter's Roman numeral; balanced over "
              "chapters I-XXI. Chance 1/21: guessing a numeral I-XXI uniformly (an untuned "
