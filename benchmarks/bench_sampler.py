@@ -4,7 +4,11 @@ One pool per run (``--n`` examples, ``--clusters`` Zipf-sized clusters, log-norm
 lengths whose median differs by cluster), dealt to 2, 4, 8 and 64 ranks (``--ranks``) with
 ``--batch-size`` examples per rank per step by four methods, side by side in one process:
 
-* ``balanced``: ``ClusterBalancedSampler`` (``distribution: balanced``, what train uses);
+* ``balanced``: ``ClusterBalancedSampler`` (``distribution: balanced``), each rank's batch
+  padded into length-grouped micro-batches (``train.packing: false``);
+* ``packed``: the same plan, each rank's batch packed into one row (``train.packing``, the
+  default where exact: clusterft.modeling.packing), so no padding: its step cost is the
+  heaviest rank's real tokens;
 * ``random``: torch's ``DistributedSampler(shuffle=True)`` (``distribution: random``);
 * ``kk``: verl-style, a random global batch split over ranks by equal-size Karmarkar-Karp;
 * ``multipack``: axolotl-style, first-fit-decreasing packing of the upcoming examples into
@@ -56,7 +60,7 @@ from balancing_anchors import kk_plan, multipack_plan  # noqa: E402
 from clusterft.analysis.costmodel import rank_padded_tokens  # noqa: E402
 from clusterft.sampler import ClusterBalancedSampler  # noqa: E402
 
-METHODS = ("balanced", "random", "kk", "multipack")
+METHODS = ("balanced", "packed", "random", "kk", "multipack")
 
 
 def make_pool(n: int, clusters: int, sigma: float, seed: int, max_length: int = 2048,
@@ -121,9 +125,9 @@ def run_method(method: str, cid: np.ndarray, lengths: np.ndarray, ranks: int, ba
     """(steps, seconds to plan one epoch, packed) for one method."""
     n = len(lengths)
     t = time.perf_counter()
-    if method == "balanced":
+    if method in ("balanced", "packed"):
         plan = ClusterBalancedSampler(cid, lengths, ranks, 0, batch, seed=seed).global_plan(0)
-        steps, packed = as_steps(plan), False
+        steps, packed = as_steps(plan), method == "packed"
     elif method == "random":
         steps, packed = as_steps(distributed_plan(n, ranks, batch, seed)), False
     elif method == "kk":
@@ -215,12 +219,19 @@ def main(argv: list[str] | None = None) -> dict:
               f"({100 * plan_step / step_s:.2f}%)")
 
     print("\nratios (balanced / other; excess = max/mean - 1; < 1x: balanced better or faster):")
+    for R in a.ranks:  # the packed rows against the packing anchor
+        if (R, "packed") in res:
+            p, mp = res[R, "packed"], res[R, "multipack"]
+            print(f"  {R:3d} ranks: packed balanced / multipack: step cost "
+                  f"{p['step_cost'] / mp['step_cost']:.3f}x, max/mean {p['max_mean']:.4f} vs "
+                  f"{mp['max_mean']:.4f}, clusters per rank-batch {p['clusters']:.2f} vs "
+                  f"{mp['clusters']:.2f}")
     for R in a.ranks:
         if (R, "balanced") not in res:
             continue
         b = res[R, "balanced"]
         parts = []
-        for m in METHODS[1:]:
+        for m in METHODS[2:]:
             o = res[R, m]
             exc = (b["max_mean"] - 1) / max(o["max_mean"] - 1, 1e-12)
             cost = b["step_cost"] / o["step_cost"]

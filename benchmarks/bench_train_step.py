@@ -1,5 +1,6 @@
-"""Benchmark one training step: plain padded batch vs length-grouped micro-batches and
-the label-only LM head (clusterft.modeling.microbatch), side by side in one run.
+"""Benchmark one training step: plain padded batch vs length-grouped micro-batches, the
+label-only LM head (clusterft.modeling.microbatch) and packed rows (clusterft.modeling.packing),
+side by side in one run.
 
 Each variant runs forward + backward on the same step batches (``--batch`` examples,
 per rank) and is timed as the best of ``--repeats`` passes over ``--steps`` batches; it
@@ -17,6 +18,13 @@ example a prompt without loss, on a randomly initialised Llama of the ``--size``
     python benchmarks/bench_train_step.py [--size small|large] [--threads 1]
     python benchmarks/bench_train_step.py --workdir /tmp/emb_full --dataset pycode --size large
     python benchmarks/bench_train_step.py --smoke   (tiny model and batches, seconds)
+
+The packed rows (``train.packing``) run each step's examples as one row with attention
+inside each example (sdpa over length-grouped blocks on the CPU): no padding at all; their
+real tokens per second are printed beside the padded variants', and the packed step's time
+over the padded default's (micro-batches + label-only head) is the last ratio. Variants
+are interleaved over the repeats (each timed as its best), so machine load hits them alike;
+``--cpu-time`` times process CPU seconds instead of wall seconds (for a loaded machine).
 
 The ratios to the plain step are printed last.
 """
@@ -36,6 +44,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from clusterft.modeling.microbatch import CausalLMLoss, backward_step  # noqa: E402
+from clusterft.modeling.packing import pack_collate  # noqa: E402
 from clusterft.modeling.precision import native_bf16  # noqa: E402
 from clusterft.modeling.tokenize import IGNORE_INDEX, Collator  # noqa: E402
 
@@ -83,13 +92,14 @@ def random_model(size: str, vocab: int):
 
 
 def step(model, loss_fn, batch_examples, collate, group_cost: float, plain: bool,
-         bf16: bool = False) -> int:
+         bf16: bool = False, packed: bool = False) -> int:
     """One forward + backward; returns padded tokens processed."""
     if plain:
         batch = collate(batch_examples)
         model(**batch).loss.backward()
         return int(batch["input_ids"].numel())
-    return backward_step(loss_fn, batch_examples, collate, group_cost, "cpu", bf16)[2]
+    return backward_step(loss_fn, batch_examples, pack_collate if packed else collate,
+                         group_cost, "cpu", bf16, packed=packed)[2]
 
 
 def main() -> None:
@@ -106,8 +116,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--smoke", action="store_true",
                     help="tiny model, 2 steps of 4 short examples, 1 repeat (seconds)")
+    ap.add_argument("--quick", action="store_true", help="the same as --smoke")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time process CPU seconds, not wall seconds")
     args = ap.parse_args()
-    if args.smoke:
+    if args.smoke or args.quick:
         args.size, args.workdir, args.batch, args.steps, args.repeats = "tiny", None, 4, 2, 1
         args.median, args.max_length, args.group_cost = 16.0, 48, 16.0
     torch.set_num_threads(args.threads)
@@ -123,38 +136,60 @@ def main() -> None:
     model.train()
     collate = Collator(0)
     batches = [examples[i:i + args.batch] for i in range(0, len(examples), args.batch)]
-    variants = {"plain padded batch": (True, -1.0, False, False),
-                "micro-batches": (False, args.group_cost, False, False),
-                "label-only head": (False, -1.0, True, False),
-                "micro-batches + label-only head": (False, args.group_cost, True, False)}
+    # name: (plain, group cost, label-only head, bf16, packed)
+    variants = {"plain padded batch": (True, -1.0, False, False, False),
+                "micro-batches": (False, args.group_cost, False, False, False),
+                "label-only head": (False, -1.0, True, False, False),
+                "micro-batches + label-only head": (False, args.group_cost, True, False, False),
+                "packed + label-only head": (False, 0.0, True, False, True),
+                "packed, full head": (False, 0.0, False, False, True)}
     if native_bf16("cpu"):
-        variants["micro + label-only + bf16 autocast"] = (False, args.group_cost, True, True)
+        variants["micro + label-only + bf16 autocast"] = (False, args.group_cost, True, True, False)
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    best = {name: float("inf") for name in variants}
+    padded = {}
+
+    def run(name, bs):
+        plain, cost, sparse, bf16, packed = variants[name]
+        loss_fn = CausalLMLoss(model, sparse_logits=sparse, packing=packed)
+        try:
+            return sum(step(model, loss_fn, b, collate, cost, plain, bf16, packed) for b in bs)
+        finally:
+            loss_fn.release()
+
+    for _ in range(args.repeats):  # interleaved: load on the machine hits every variant
+        for name in variants:
+            model.zero_grad(set_to_none=True)
+            t = clock()
+            padded[name] = run(name, batches)
+            best[name] = min(best[name], clock() - t)
     ref_grads = None
     rows = []
-    for name, (plain, cost, sparse, bf16) in variants.items():
-        loss_fn = CausalLMLoss(model, sparse_logits=sparse)
-        best, padded = float("inf"), 0
-        for _ in range(args.repeats):
-            model.zero_grad(set_to_none=True)
-            t = time.perf_counter()
-            padded = sum(step(model, loss_fn, b, collate, cost, plain, bf16) for b in batches)
-            best = min(best, time.perf_counter() - t)
+    for name in variants:
         model.zero_grad(set_to_none=True)
-        step(model, loss_fn, batches[0], collate, cost, plain, bf16)
+        run(name, batches[:1])
         grads = [p.grad.detach().clone() for p in model.parameters()]
         if ref_grads is None:
             ref_grads = grads
         diff = max(float((a - b).abs().max()) for a, b in zip(grads, ref_grads))
-        rows.append((name, best / len(batches), padded / len(batches), diff))
+        rows.append((name, best[name] / len(batches), padded[name] / len(batches), diff))
     real = sum(e["length"] for e in examples) / len(batches)
     print(f"{source}; {len(batches)} steps of {args.batch} examples, {real:.0f} real tokens/step, "
-          f"{args.threads} thread(s), best of {args.repeats}")
+          f"{args.threads} thread(s), best of {args.repeats} "
+          f"({'CPU' if args.cpu_time else 'wall'} seconds)")
     base = rows[0][1]
-    print(f"{'variant':<34}{'s/step':>9}{'ratio':>8}{'padded tok/step':>17}{'max |dgrad|':>13}")
+    print(f"{'variant':<36}{'s/step':>9}{'ratio':>8}{'real tok/s':>12}{'padded tok/step':>17}"
+          f"{'max |dgrad|':>13}")
     for name, s, p, diff in rows:
-        print(f"{name:<34}{s:>9.4f}{s / base:>8.2f}{p:>17.0f}{diff:>13.2e}")
+        print(f"{name:<36}{s:>9.4f}{s / base:>8.2f}{real / s:>12.0f}{p:>17.0f}{diff:>13.2e}")
+    by = {name: s for name, s, _, _ in rows}
+    default = by["micro-batches + label-only head"]
+    print(f"packed vs padded (both label-only head): {default / by['packed + label-only head']:.2f}x "
+          "the real tokens per second")
     print("ratios, time per step over the plain padded step's: "
-          + ", ".join(f"{name} {s / base:.2f}x" for name, s, _, _ in rows[1:]))
+          + ", ".join(f"{name} {s / base:.2f}x" for name, s, _, _ in rows[1:])
+          + f"; packed over micro-batches + label-only head "
+            f"{by['packed + label-only head'] / default:.2f}x")
 
 
 if __name__ == "__main__":

@@ -135,7 +135,8 @@ def test_training_matches_the_plain_padded_step(tmp_path, tiny_model_dir, tiny_p
                         "fast": {"group_cost_tokens": 0, "sparse_logits": True, "precision": "fp32"},
                         "pad16": {"group_cost_tokens": 0, "sparse_logits": True, "precision": "fp32",
                                   "pad_to_multiple_of": 16}}.items():
-        cfg = {**BASE_CFG, "batch_size": 8, "epochs": 1, **extra}
+        # padded micro-batches (packed rows: tests/test_packing.py)
+        cfg = {**BASE_CFG, "batch_size": 8, "epochs": 1, "packing": False, **extra}
         m = run_train(tiny_model_dir, tiny_pool_path, sel, tmp_path / name, tmp_path / f"{name}.json",
                       "random", 0, cfg)
         outs[name] = (m, weights(tmp_path / name))

@@ -15,7 +15,10 @@ one training step remove most of that work without changing what is learned:
   row, and returns the summed next-token loss. For a vocabulary of 2048 and hidden size
   128 the head is ~45% of the per-token work of the embedded small model.
 
-``benchmarks/bench_train_step.py`` measures both against the plain padded step side by side.
+* With ``packing`` (:mod:`clusterft.modeling.packing`), the step's examples are one packed
+  row instead: no padding at all outside attention, the same summed loss.
+
+``benchmarks/bench_train_step.py`` measures them against the plain padded step side by side.
 """
 
 from __future__ import annotations
@@ -41,13 +44,14 @@ def sparse_logits_apply(model: torch.nn.Module, sparse_logits: bool) -> bool:
 
 
 def label_logits(model: torch.nn.Module, input_ids: torch.Tensor,
-                 attention_mask: torch.Tensor, labels: torch.Tensor):
+                 attention_mask: torch.Tensor | None, labels: torch.Tensor, **decoder_kw):
     """(logits [M, V], targets [M], keep [B, T-1]) at the M positions that predict a label:
-    the decoder's hidden states there go through the LM head, the others do not."""
+    the decoder's hidden states there go through the LM head, the others do not.
+    ``decoder_kw``: more decoder arguments (a packed row's position ids and plan)."""
     target = labels[:, 1:]
     keep = target != IGNORE_INDEX
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                 use_cache=False).last_hidden_state
+                                 use_cache=False, **decoder_kw).last_hidden_state
     return model.get_output_embeddings()(hidden[:, :-1][keep]), target[keep], keep
 
 
@@ -103,29 +107,64 @@ class CausalLMLoss(torch.nn.Module):
     With ``sparse_logits`` and an architecture in :data:`SPARSE_LOGIT_TYPES`, the LM head
     runs only at positions that predict a label; otherwise the model's full logits are used.
     Both give the same value; ``self.sparse`` says which path runs.
+
+    ``packing``: batches may be packed rows (:func:`clusterft.modeling.packing.pack_examples`,
+    with ``position_ids`` and ``cu_seq_lens``); the model's attention is switched to the
+    packed one for its device (``self.attn``; :meth:`release` puts the old one back).
+    Padded batches still run as before. Only ask for it where
+    :func:`clusterft.modeling.packing.packing_supported`.
     """
 
-    def __init__(self, model: torch.nn.Module, sparse_logits: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, sparse_logits: bool = True,
+                 packing: bool = False) -> None:
         super().__init__()
+        from clusterft.modeling import packing as pk
+
         self.model = model
         self.sparse = sparse_logits_apply(model, sparse_logits)
+        self.packing = bool(packing)
+        self.attn, self._attn_before = None, None
+        if self.packing:
+            device = next(model.parameters()).device
+            self.attn, self._attn_before = pk.enable(model, device)
+
+    def release(self) -> None:
+        """Put back the model's attention implementation from before packing."""
+        from clusterft.modeling import packing as pk
+
+        if self.packing and self._attn_before is not None:
+            pk.restore(self.model, self._attn_before)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                labels: torch.Tensor) -> torch.Tensor:
+                labels: torch.Tensor, position_ids: torch.Tensor | None = None,
+                cu_seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+        kw: dict = {}
+        if cu_seq_lens is not None:  # a packed row
+            from clusterft.modeling.packing import forward_kwargs
+
+            if not self.packing:
+                raise ValueError("a packed batch needs CausalLMLoss(..., packing=True)")
+            kw = forward_kwargs(self.attn, {"input_ids": input_ids, "attention_mask": attention_mask,
+                                            "position_ids": position_ids, "cu_seq_lens": cu_seq_lens})
+            input_ids, attention_mask = kw.pop("input_ids"), kw.pop("attention_mask")
         if self.sparse:
-            logits, target, _ = label_logits(self.model, input_ids, attention_mask, labels)
+            logits, target, _ = label_logits(self.model, input_ids, attention_mask, labels, **kw)
         else:
             keep = labels[:, 1:] != IGNORE_INDEX
             target = labels[:, 1:][keep]
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][keep]
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                **kw).logits[:, :-1][keep]
         return F.cross_entropy(logits.float(), target, reduction="sum")
 
 
 def backward_step(loss_fn: torch.nn.Module, examples: Sequence[dict], collate: Callable,
                   group_cost_tokens: float, device: torch.device | str = "cpu", bf16: bool = False,
                   no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
-                  denom: float | None = None, pad_to_multiple_of: int = 1) -> tuple[float, int, int]:
-    """Forward + backward of one step's ``examples`` as length-grouped micro-batches.
+                  denom: float | None = None, pad_to_multiple_of: int = 1,
+                  packed: bool = False) -> tuple[float, int, int]:
+    """Forward + backward of one step's ``examples`` as length-grouped micro-batches, or
+    with ``packed`` as one packed row (``loss_fn`` a ``CausalLMLoss(..., packing=True)``;
+    ``collate``, ``group_cost_tokens`` and ``pad_to_multiple_of`` are then unused).
 
     Accumulates into the parameters' ``.grad`` the gradient of the summed next-token loss
     divided by ``denom``; by default the step's label-token count, i.e. the mean over all of
@@ -136,8 +175,13 @@ def backward_step(loss_fn: torch.nn.Module, examples: Sequence[dict], collate: C
     the same way). Returns (loss, real tokens, padded tokens processed).
     """
     device = torch.device(device)
-    groups = plan_micro_batches([e["length"] for e in examples], group_cost_tokens,
-                                pad_to_multiple_of)
+    if packed:
+        from clusterft.modeling.packing import pack_collate
+
+        groups, collate = [list(range(len(examples)))] if examples else [], pack_collate
+    else:
+        groups = plan_micro_batches([e["length"] for e in examples], group_cost_tokens,
+                                    pad_to_multiple_of)
     if denom is None:
         denom = sum(label_count(e) for e in examples)
     denom = max(1.0, float(denom))
