@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterft.stages.cluster import DEFAULTS, cosine_kmeans, run_cluster
+from clusterft.stages.cluster import DEFAULTS, center_rows, cosine_kmeans, merge_cfg, run_cluster
 from clusterft.analysis.stats import cluster_agreement
 from clusterft.pipeline.errors import InputError
 
@@ -27,8 +27,9 @@ def blobs(sizes=(120, 60, 30, 20, 10), dim=32, noise=0.15, seed=0):
 
 
 def test_defaults():
-    assert set(DEFAULTS) == {"k", "n_init", "max_iter", "backend"}
+    assert set(DEFAULTS) == {"k", "n_init", "max_iter", "backend", "center"}
     assert DEFAULTS["backend"] == "numpy"
+    assert DEFAULTS["center"] is False  # docs/method_choices.md
 
 
 def test_recovers_separated_clusters():
@@ -264,3 +265,40 @@ def test_run_cluster_faiss_same_files(tmp_path, faiss):
     np.testing.assert_array_equal(df_f["cluster"], df_n["cluster"])
     np.testing.assert_allclose(df_f["centroid_sim"], df_n["centroid_sim"], atol=1e-5)
     assert s_f["sizes"] == s_n["sizes"] == [120, 60, 30, 20, 10]
+
+
+def test_center_changes_nothing_for_centred_data():
+    x, y = blobs(sizes=(60, 50, 40), noise=0.5, seed=4)
+    xc = x - x.mean(0)
+    np.testing.assert_allclose(center_rows(xc), xc, atol=1e-5)
+    a = cosine_kmeans(xc, 3, seed=0, n_init=3)
+    b = cosine_kmeans(center_rows(xc), 3, seed=0, n_init=3)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_allclose(a[1], b[1], atol=1e-5)
+
+
+def test_center_separates_groups_that_differ_along_the_shared_direction(tmp_path):
+    """Two groups on one ray (1 u and 3 u, plus small noise): the same direction, so
+    cosine k-means cannot tell them apart, until the mean row (2 u) is subtracted."""
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal(16)
+    u /= np.linalg.norm(u)
+    y = np.repeat([0, 1], 50)
+    x = (np.where(y == 0, 1.0, 3.0)[:, None] * u + 0.05 * rng.standard_normal((100, 16)))
+    plain = cosine_kmeans(x, 2, seed=0)[0]
+    centred = cosine_kmeans(center_rows(x), 2, seed=0)[0]
+    assert cluster_agreement(plain, y)["ari"] < 0.2
+    assert cluster_agreement(centred, y)["ari"] == 1.0
+    # run_cluster with center: true clusters the centred rows
+    ids = [f"e{i}" for i in range(100)]
+    np.save(tmp_path / "f.npy", x.astype(np.float32))
+    pd.DataFrame({"id": ids, "score": np.zeros(100)}).to_parquet(tmp_path / "s.parquet")
+    for center, want in ((False, plain), (True, centred)):
+        out = tmp_path / f"c{center}"
+        run_cluster(tmp_path / "f.npy", tmp_path / "s.parquet",
+                    {"k": 2, "center": center, "n_init": 10}, str(out) + ".parquet",
+                    str(out) + ".npy", seed=0)
+        got = pd.read_parquet(str(out) + ".parquet")["cluster"].to_numpy()
+        assert cluster_agreement(got, want)["ari"] == 1.0
+    with pytest.raises(InputError, match="cluster.center"):
+        merge_cfg({"center": "yes"})

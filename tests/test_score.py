@@ -20,7 +20,7 @@ from clusterft.modeling.tokenize import collate, encode_example
 
 FAST = {"dim": 64, "batch_size": 8, "max_length": 64, "warmup_steps": 4, "warmup_lr": 5e-3,
         "warmup_fraction": 0.25, "lora": {"r": 4, "alpha": 8}}
-LORA_FAST = {**LORA, **FAST["lora"]}
+LORA_FAST = {**DEFAULTS["lora"], **FAST["lora"]}
 
 
 # The tiny models run several times faster on 1 thread than on 2 shared cores.
@@ -139,6 +139,29 @@ def test_per_example_loss_equals_hf_loss_of_the_example_alone(tiny, tiny_pool):
             alone = model(**collate([enc[i]], tok.pad_token_id)).loss
             torch.testing.assert_close(per[b], alone, rtol=1e-5, atol=0)
     assert len(set(per.tolist())) > 1
+
+
+def test_loss_normalization_sum_is_mean_times_answer_tokens(tiny_model_dir, tiny, tiny_pool):
+    """score.loss_normalization sum: each example's gradient is its mean-loss gradient times
+    its answer-token count (every method, sparse logits too); the default is mean, unchanged."""
+    _, tok = tiny
+    assert DEFAULTS["loss_normalization"] == "mean"  # docs/method_choices.md
+    pm = add_lora(_fresh(tiny_model_dir), {**LORA_FAST, "dropout": 0.0}, "score.lora", seed=0)
+    enc = _encode(tok, tiny_pool)
+    warmup_lora(pm, enc, FAST, seed=0, pad_id=tok.pad_token_id)
+    pm.eval()
+    batch = collate([enc[i] for i in (0, 1, 2, 3, 17, 30)], tok.pad_token_id)
+    count = (batch["labels"][:, 1:] != -100).sum(1).float()
+    assert len(set(count.tolist())) > 1  # answers of different lengths
+    for method, sparse in (("hook", False), ("hook", True), ("func", False), ("loop", False)):
+        mean = per_example_grads(pm, batch, method, sparse)
+        torch.testing.assert_close(per_example_grads(pm, batch, method, sparse,
+                                                     normalization="mean"), mean)
+        total = per_example_grads(pm, batch, method, sparse, normalization="sum")
+        torch.testing.assert_close(total, mean * count[:, None], rtol=1e-4, atol=1e-6)
+    with pytest.raises(InputError, match="score.loss_normalization"):
+        merge_cfg({"loss_normalization": "token"})
+    pm.unload()
 
 
 def test_adam_direction_is_less_formula_on_adamw_moments():

@@ -47,6 +47,11 @@ DEFAULTS: dict = {
     # numpy (the reference implementation) or faiss (faiss.Kmeans(spherical=True), one thread,
     # same seeding rule, refill and numbering; for large pools: see benchmarks/README.md).
     "backend": "numpy",
+    # Subtract the mean feature row (over the pool) before the cosine k-means, so the
+    # direction every example's gradient shares does not dominate the cosines; the clusters'
+    # centroids and centroid_sim are then those of the centred rows. false: the rows as the
+    # score stage wrote them (docs/method_choices.md).
+    "center": False,
 }
 
 BACKENDS = ("numpy", "faiss")
@@ -59,7 +64,20 @@ def merge_cfg(cfg: dict | None) -> dict:
         if int(out[key]) < 1:
             raise InputError(f"must be >= 1, got {out[key]}", field=f"cluster.{key}")
     _check_backend(out["backend"])
+    if not isinstance(out["center"], bool):
+        raise InputError(f"must be true or false, got {out['center']!r}", field="cluster.center")
     return out
+
+
+def center_rows(features: np.ndarray, chunk: int = 65536) -> np.ndarray:
+    """``features`` minus their mean row, float64 (the mean summed in float64 row blocks)."""
+    x = np.asarray(features)
+    if x.ndim != 2 or len(x) == 0:
+        raise InputError(f"features must be a non-empty [N, dim] array, got shape {x.shape}",
+                         field="features")
+    mean = sum(np.asarray(x[i:i + chunk], dtype=np.float64).sum(0)
+               for i in range(0, len(x), chunk)) / len(x)
+    return np.asarray(x, dtype=np.float64) - mean
 
 
 def _check_backend(backend: str):
@@ -291,7 +309,8 @@ def _centroid_sims(x: np.ndarray, labels: np.ndarray, centroids: np.ndarray,
 def run_cluster(features: str | os.PathLike, scores: str | os.PathLike, cfg: dict | None,
                 out_clusters: str | os.PathLike, out_centroids: str | os.PathLike,
                 seed: int = 0) -> dict:
-    """Stage `cluster`: cosine k-means (cfg: k, n_init, max_iter, backend) of features.npy.
+    """Stage `cluster`: cosine k-means (cfg: k, n_init, max_iter, backend, center) of
+    features.npy (with ``center``, of its rows minus their mean row).
 
     Ids come from scores.parquet (same row order). Writes clusters.parquet with ``id``,
     ``cluster`` and ``centroid_sim`` (cosine of the row with its centroid, used by
@@ -308,6 +327,8 @@ def run_cluster(features: str | os.PathLike, scores: str | os.PathLike, cfg: dic
             raise InputError("file does not exist", path=str(p))
     checked = provenance.check_inputs({"features": features, "scores": scores}, "cluster")
     x, df = load_rows(features, scores)
+    if cfg["center"]:
+        x = center_rows(x)
     try:
         labels, centroids = cosine_kmeans(x, int(cfg["k"]), seed, int(cfg["n_init"]),
                                           int(cfg["max_iter"]), backend=cfg["backend"])

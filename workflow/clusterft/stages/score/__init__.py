@@ -56,8 +56,14 @@ DEFAULTS: dict = {
     # max_length auto: never more than this many tokens (nor the model's context).
     "max_length_cap": 4096,
     # LoRA adapters whose gradients are the features (keys in clusterft.modeling.lora; their
-    # dropout acts during the warm-up only: gradients are computed in eval mode).
-    "lora": copy.deepcopy(LORA_DEFAULTS),
+    # dropout acts during the warm-up only: gradients are computed in eval mode). Unlike
+    # LESS (attention only), on the attention AND MLP projections of a Llama: the gradient
+    # clusters recovered the true skills better (docs/method_choices.md).
+    "lora": {**copy.deepcopy(LORA_DEFAULTS),
+             # Linear layers that get adapters: a Llama's attention and MLP projections
+             # (LESS: attention only; docs/method_choices.md).
+             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj",
+                                "gate_proj", "up_proj", "down_proj"]},
     # Fraction of the pool (seeded random sample) the warm-up trains on (LESS: 5%).
     "warmup_fraction": 0.05,
     # Warm-up optimiser steps; null means use warmup_epochs instead. 0 disables warm-up.
@@ -66,8 +72,9 @@ DEFAULTS: dict = {
     "warmup_epochs": 4,
     # Peak AdamW learning rate of the warm-up (linear warm-up over 3% of steps, then
     # linear decay to 0, no weight decay, as in LESS; higher than LESS's 2e-5 because the
-    # models here are tiny).
-    "warmup_lr": 1.0e-3,
+    # models here are tiny; 3e-3 recovered the true skills better than 1e-3 and 3e-4:
+    # docs/method_choices.md).
+    "warmup_lr": 3.0e-3,
     # Warm-up checkpoints whose gradients make up the features (LESS: one per warm-up
     # epoch). The warm-up's steps are split into this many equal consecutive segments; the
     # LoRA weights (and AdamW moments) at the end of each are kept, the gradient pass runs
@@ -92,6 +99,13 @@ DEFAULTS: dict = {
     # Per-example gradient method: hook (captured layer inputs/output-grads + einsum,
     # fastest) or func (torch.func vmap over grad of functional_call).
     "method": "hook",
+    # How each example's loss, whose gradient is the feature, is normalised over its
+    # response tokens: mean (LESS; the per-example loss of the warm-up's loss) or sum (the
+    # mean times the example's response-token count). The two gradients differ by that count
+    # only, so with gradient_type sgd the features (rows L2-normalised per checkpoint) and
+    # the clusters are the same; grad_norm, and the Adam direction, change
+    # (docs/method_choices.md).
+    "loss_normalization": "mean",
     # Gradient that is projected: sgd (the raw loss gradient) or adam (LESS's
     # Adam-preconditioned direction from the warm-up optimiser's moments).
     "gradient_type": "sgd",

@@ -69,14 +69,17 @@ def set_lora(model, values: dict) -> None:
             params[name].copy_(value)
 
 
-def per_example_loss(logits, labels):
-    """Each example's mean next-token loss over its labelled tokens ([B]; 0 if none)."""
+def per_example_loss(logits, labels, normalization: str = "mean"):
+    """Each example's mean next-token loss over its labelled tokens ([B]; 0 if none);
+    ``normalization="sum"``: their sum (the mean times the example's label-token count)."""
     import torch.nn.functional as F
 
     lg, lb = logits[:, :-1], labels[:, 1:]
     tok = F.cross_entropy(lg.reshape(-1, lg.shape[-1]).float(), lb.reshape(-1),
                           ignore_index=-100, reduction="none").view(lb.shape)
     mask = (lb != -100).to(tok.dtype)
+    if normalization == "sum":
+        return (tok * mask).sum(1)
     return (tok * mask).sum(1) / mask.sum(1).clamp_min(1.0)
 
 
@@ -87,16 +90,17 @@ def use_sparse_logits(model, cfg: dict) -> bool:
     return sparse_logits_apply(model, cfg.get("sparse_logits"))
 
 
-def example_losses(model, batch: dict, sparse: bool):
+def example_losses(model, batch: dict, sparse: bool, normalization: str = "mean"):
     """Each example's :func:`per_example_loss` ([B]) under ``model``; with ``sparse`` from
-    ``clusterft.modeling.microbatch.label_logits`` (the same values up to float rounding)."""
+    ``clusterft.modeling.microbatch.label_logits`` (the same values up to float rounding).
+    ``normalization``: mean (default) or sum over the example's label tokens."""
     import torch
     import torch.nn.functional as F
 
     if not sparse:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        use_cache=False).logits
-        return per_example_loss(logits, batch["labels"])
+        return per_example_loss(logits, batch["labels"], normalization)
     from clusterft.modeling.microbatch import label_logits
 
     logits, target, keep = label_logits(model, batch["input_ids"], batch["attention_mask"],
@@ -104,6 +108,8 @@ def example_losses(model, batch: dict, sparse: bool):
     tok = F.cross_entropy(logits.float(), target, reduction="none")
     count = keep.sum(1).to(tok.dtype)
     sums = torch.zeros(len(count), dtype=tok.dtype, device=tok.device)
+    if normalization == "sum":
+        return sums.index_add_(0, keep.nonzero()[:, 0], tok)
     return sums.index_add_(0, keep.nonzero()[:, 0], tok) / count.clamp_min(1.0)
 
 
@@ -130,8 +136,8 @@ def _check_right_padded(batch: dict) -> None:
         raise ValueError("per-example gradients need right-padded batches")
 
 
-def _hook_capture(model, batch: dict, sparse: bool = False, precision: str | None = None
-                  ) -> tuple[list[tuple[str, str]], dict[str, list]]:
+def _hook_capture(model, batch: dict, sparse: bool = False, precision: str | None = None,
+                  normalization: str = "mean") -> tuple[list[tuple[str, str]], dict[str, list]]:
     """One batched forward/backward for the hook method: (plan, calls). ``plan``: (module
     name, "weight"|"bias") per trainable parameter, in parameter order; ``calls``: module
     name -> one (input x, output gradient dy) per call of the module in the forward pass.
@@ -164,7 +170,7 @@ def _hook_capture(model, batch: dict, sparse: bool = False, precision: str | Non
     handles = [modules[m].register_forward_hook(make_hook(m)) for m in captured]
     try:
         with torch.enable_grad(), forward_autocast(model, precision):
-            loss = example_losses(model, batch, sparse).sum()
+            loss = example_losses(model, batch, sparse, normalization).sum()
     finally:
         for h in handles:
             h.remove()
@@ -181,13 +187,14 @@ def _as_3d(t):
     return t.reshape(t.shape[0], -1, t.shape[-1])
 
 
-def grads_hook(model, batch: dict, sparse: bool = False, precision: str | None = None):
+def grads_hook(model, batch: dict, sparse: bool = False, precision: str | None = None,
+               normalization: str = "mean"):
     """Per-example LoRA gradients [B, D] (float32) from one batched forward/backward (hook
     method): ``dW[b] = einsum("bto,bti->boi", dy, x)`` per LoRA linear layer
     (``_hook_capture``), from float32 ``x`` and ``dy`` whatever dtype the forward ran in."""
     import torch
 
-    plan, calls = _hook_capture(model, batch, sparse, precision)
+    plan, calls = _hook_capture(model, batch, sparse, precision, normalization)
     cols = []
     for mod_name, attr in plan:
         g = None
@@ -200,7 +207,7 @@ def grads_hook(model, batch: dict, sparse: bool = False, precision: str | None =
 
 
 def grads_hook_kronecker(model, batch: dict, proj, sparse: bool = False,
-                         precision: str | None = None):
+                         precision: str | None = None, normalization: str = "mean"):
     """Kronecker-projected per-example LoRA gradients [B, proj.dim] (float32) from the hook
     method's captured factors: each layer's ``x`` and ``dy`` go to
     ``proj.project_layer`` (``clusterft.stages.score.projection.KroneckerProjector``), which projects
@@ -209,7 +216,7 @@ def grads_hook_kronecker(model, batch: dict, proj, sparse: bool = False,
     are cast to float32 before their projection (``project_layer``), outside autocast."""
     import torch
 
-    plan, calls = _hook_capture(model, batch, sparse, precision)
+    plan, calls = _hook_capture(model, batch, sparse, precision, normalization)
     parts = []
     with torch.no_grad():
         for i, (mod_name, attr) in enumerate(plan):
@@ -221,7 +228,7 @@ def grads_hook_kronecker(model, batch: dict, proj, sparse: bool = False,
         return proj.finish(parts)
 
 
-def grads_func(model, batch: dict, precision: str | None = None):
+def grads_func(model, batch: dict, precision: str | None = None, normalization: str = "mean"):
     """Per-example LoRA gradients [B, D] with ``torch.func.vmap(grad(functional_call))``.
 
     Needs right padding: each example runs without an attention mask (HF's mask code is
@@ -238,14 +245,14 @@ def grads_func(model, batch: dict, precision: str | None = None):
     def loss_fn(p: dict, ids, labels):
         with forward_autocast(model, precision):
             out = functional_call(model, p, args=(), kwargs={"input_ids": ids[None]})
-        return per_example_loss(out.logits, labels[None])[0]
+        return per_example_loss(out.logits, labels[None], normalization)[0]
 
     with torch.enable_grad():
         g = vmap(grad(loss_fn), in_dims=(None, 0, 0))(values, batch["input_ids"], batch["labels"])
     return torch.cat([g[n].reshape(g[n].shape[0], -1).float() for n in names], dim=1).detach()
 
 
-def grads_loop(model, batch: dict, precision: str | None = None):
+def grads_loop(model, batch: dict, precision: str | None = None, normalization: str = "mean"):
     """Reference: per-example LoRA gradients [B, D], one unpadded example at a time."""
     import torch
 
@@ -256,7 +263,7 @@ def grads_loop(model, batch: dict, precision: str | None = None):
         with torch.enable_grad():
             with forward_autocast(model, precision):
                 logits = model(input_ids=batch["input_ids"][b:b + 1, :length]).logits
-            loss = per_example_loss(logits, batch["labels"][b:b + 1, :length])[0]
+            loss = per_example_loss(logits, batch["labels"][b:b + 1, :length], normalization)[0]
             gr = torch.autograd.grad(loss, params, allow_unused=True)
         rows.append(torch.cat([(torch.zeros_like(p) if x is None else x).reshape(-1).float()
                                for x, p in zip(gr, params)]))
@@ -266,16 +273,17 @@ def grads_loop(model, batch: dict, precision: str | None = None):
 GRAD_FNS = {"hook": grads_hook, "func": grads_func, "loop": grads_loop}
 
 def per_example_grads(model, batch: dict, method: str = "hook", sparse: bool = False,
-                      precision: str | None = None):
+                      precision: str | None = None, normalization: str = "mean"):
     """Per-example gradients [B, D] (float32) of each example's mean response loss (LoRA
-    params). ``sparse`` (hook only): the LM head at the label positions only;
-    ``precision``: the forward passes' (:func:`forward_autocast`)."""
+    params; ``normalization="sum"``: of its summed response loss, the mean's gradient times
+    the example's response-token count). ``sparse`` (hook only): the LM head at the label
+    positions only; ``precision``: the forward passes' (:func:`forward_autocast`)."""
     if method not in GRAD_FNS:
         raise InputError(f"unknown method '{method}'; valid: {', '.join(GRAD_FNS)}",
                          field="score.method")
     if method == "hook":
-        return grads_hook(model, batch, sparse, precision)
-    return GRAD_FNS[method](model, batch, precision)
+        return grads_hook(model, batch, sparse, precision, normalization)
+    return GRAD_FNS[method](model, batch, precision, normalization)
 
 
 def adam_direction(g, exp_avg, exp_avg_sq):
@@ -295,19 +303,22 @@ def project_batch(model, batch: dict, cfg: dict, proj, moments=None):
     otherwise ``proj`` of the formed gradients; the norms are the projected rows' (the
     gradient is not formed; ``E|f|^2 = |g|^2``). The forward pass runs in
     ``cfg["precision"]`` (:func:`forward_autocast`); the gradients, their projection and
-    norms are float32.
+    norms are float32. ``cfg["loss_normalization"]``: each example's loss is the mean
+    (default) or the sum over its response tokens.
     """
     sparse = use_sparse_logits(model, cfg)
     precision = cfg.get("precision", "auto")
+    norm = cfg.get("loss_normalization", "mean")
     if cfg["projection"] == "kronecker":
         if moments is not None:
             raise InputError("projection 'kronecker' cannot give the Adam direction",
                              field="score.projection")
-        rows = (grads_hook_kronecker(model, batch, proj, sparse, precision)
+        rows = (grads_hook_kronecker(model, batch, proj, sparse, precision, norm)
                 if cfg["method"] == "hook"
-                else proj(per_example_grads(model, batch, cfg["method"], precision=precision)))
+                else proj(per_example_grads(model, batch, cfg["method"], precision=precision,
+                                            normalization=norm)))
         return rows, rows.norm(dim=1)
-    g = per_example_grads(model, batch, cfg["method"], sparse, precision)
+    g = per_example_grads(model, batch, cfg["method"], sparse, precision, norm)
     if moments is not None:
         g = adam_direction(g, *moments)
     return proj(g), g.norm(dim=1)

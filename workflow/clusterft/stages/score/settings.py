@@ -20,6 +20,7 @@ RESUMABLE_ACROSS = ("checkpoint_every", "num_threads", "shards", "max_length_qua
                     "max_length_cap")
 
 METHODS = ("hook", "func")
+LOSS_NORMALIZATIONS = ("mean", "sum")
 GRADIENT_TYPES = ("sgd", "adam")
 DENSE_PROJECTIONS = ("rademacher", "gaussian")
 PROJECTIONS = (*DENSE_PROJECTIONS, "kronecker")
@@ -46,7 +47,8 @@ def merge_cfg(cfg: dict | None) -> dict:
     out = merge_section(DEFAULTS, cfg, "score")
     for key, valid in (("method", METHODS), ("gradient_type", GRADIENT_TYPES),
                        ("projection", PROJECTIONS), ("attn_implementation", ATTN),
-                       ("precision", PRECISIONS)):
+                       ("precision", PRECISIONS),
+                       ("loss_normalization", LOSS_NORMALIZATIONS)):
         if out[key] not in valid:
             raise InputError(f"unknown value '{out[key]}'; valid: {', '.join(map(str, valid))}",
                              field=f"score.{key}")
