@@ -241,3 +241,30 @@ def test_cluster_agreement_matches_scikit_learn_on_a_constructed_case():
     assert got["label_coverage"] == pytest.approx(1.0)  # a, b, c each own a cluster
     merged = cluster_agreement(np.zeros(12, dtype=int), truth)
     assert merged["label_coverage"] == pytest.approx(1 / 3) and merged["ari"] == pytest.approx(0)
+
+
+def test_one_sided_mde_and_bounds():
+    """The non-inferiority power line: (z_0.95 + z_0.8) * se; the one-sided bounds are the
+    5% and 95% bootstrap quantiles, inside the two-sided 95% interval."""
+    assert minimum_detectable_difference(1.0, one_sided=True) == pytest.approx(2.4865, abs=1e-4)
+    rng = np.random.default_rng(6)
+    a, b = _bernoulli(rng, (3, 300), 0.6), _bernoulli(rng, (3, 300), 0.5)
+    r = paired_comparison(a, b, np.repeat([0, 1, 2], 100), n_boot=1000)
+    assert r["ci_low"] < r["ci_low_1s"] < r["diff"] < r["ci_high_1s"] < r["ci_high"]
+
+
+def test_gain_share_recovers_a_known_share():
+    """a halfway between b and c on every item: the share is 0.5, with an interval around
+    it from the joint bootstrap; a non-positive denominator gives no share."""
+    from clusterft.analysis.stats import gain_share
+
+    rng = np.random.default_rng(7)
+    b = rng.random((3, 400)) * 0.5
+    c = b + 0.2 + rng.normal(0, 0.05, (3, 400))
+    a = b + 0.1 + rng.normal(0, 0.05, (3, 400))
+    tasks = np.repeat([0, 1], 200)
+    g = gain_share(a, b, c, tasks, n_boot=500)
+    assert g["share"] == pytest.approx(0.5, abs=0.05)
+    assert g["ci_low"] < g["share"] < g["ci_high"] and g["ci_high"] - g["ci_low"] < 0.2
+    assert g["n_dropped"] == 0
+    assert math.isnan(gain_share(a, b, b - 0.1, tasks, n_boot=50)["share"])

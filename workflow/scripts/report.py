@@ -21,4 +21,7 @@ with logged(snakemake.log[0]):
         clusterings=list(snakemake.params.clusterings),
         labels=dict(snakemake.params.labels),
         run_dir=".",
+        # dataset -> source, for the claims' scope note of each testbed (clusterft.analysis.verdict)
+        sources={d: (c or {}).get("source", d)
+                 for d, c in (snakemake.config.get("datasets") or {}).items()},
     )

@@ -7,7 +7,10 @@
   size of the benchmark enter the uncertainty.
 - `minimum_detectable_difference` / `power_line`: the smallest difference the design could
   detect; if even oracle - random does not clear it, the benchmark cannot tell selections apart
-  and any claim from it is inconclusive.
+  and any claim from it is inconclusive. One-sided (`one_sided=True`) for a non-inferiority
+  test, whose power question is: could this design reject a gap larger than the margin?
+- `gain_share`: (a - b) / (c - b) with a joint paired bootstrap interval, e.g. the share of the
+  oracle's gain over random that the method recovers.
 
 No torch, no file I/O: the callers read the per-item results and pass arrays.
 """
@@ -19,7 +22,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-__all__ = ["mean_ci", "paired_comparison", "minimum_detectable_difference", "power_line"]
+__all__ = ["mean_ci", "paired_comparison", "minimum_detectable_difference", "power_line",
+           "gain_share"]
 
 # Replicates per vectorised block: bounds the (block, n_items) work arrays to a few MB.
 _BLOCK_CELLS = 1_000_000
@@ -49,9 +53,12 @@ def mean_ci(values, level: float = 0.95) -> tuple[float, float, int]:
     return mean, half, n
 
 
-def minimum_detectable_difference(se: float, alpha: float = 0.05, power: float = 0.8) -> float:
+def minimum_detectable_difference(se: float, alpha: float = 0.05, power: float = 0.8,
+                                  one_sided: bool = False) -> float:
     """(z_{1-alpha/2} + z_{power}) * se: the true difference a two-sided test at `alpha` would
     detect with probability `power`, given the standard error `se` of the estimated difference.
+    `one_sided`: (z_{1-alpha} + z_{power}) * se, for a one-sided test (non-inferiority: the
+    gap beyond the margin that a one-sided test at `alpha` would reject with that power).
 
     Normal approximation (the bootstrap distribution of a mean over many items is close to
     normal); it ignores the chance of rejecting in the wrong direction, negligible at 80% power.
@@ -59,7 +66,8 @@ def minimum_detectable_difference(se: float, alpha: float = 0.05, power: float =
     if not 0.0 < alpha < 1.0 or not 0.0 < power < 1.0:
         raise ValueError(f"alpha and power must be in (0, 1), got {alpha}, {power}")
     z = NormalDist()
-    return float((z.inv_cdf(1.0 - alpha / 2.0) + z.inv_cdf(power)) * se)
+    tail = alpha if one_sided else alpha / 2.0
+    return float((z.inv_cdf(1.0 - tail) + z.inv_cdf(power)) * se)
 
 
 def power_line(se: float, observed: float, alpha: float = 0.05, power: float = 0.8) -> dict:
@@ -92,6 +100,54 @@ def _check_inputs(a, b, task_of_item) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return a, b, tasks
 
 
+def _bootstrap(d: np.ndarray, tasks: np.ndarray, n_boot: int, seed: int
+               ) -> tuple[float, np.ndarray, int]:
+    """Macro-average statistic of the [n_seeds, n_items] matrix `d` and its `n_boot` two-level
+    bootstrap replicates (see `paired_comparison`). The resampled seeds and items depend only
+    on `seed` and the shapes, never on `d`: two matrices of one shape bootstrapped with one
+    `seed` share every resample, which is what makes `gain_share`'s ratio a joint bootstrap."""
+    n_seeds, n_items = d.shape
+    names, inverse = np.unique(tasks, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    d = d[:, order]  # items grouped by task
+    sizes = np.bincount(inverse, minlength=len(names))
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    n_tasks = len(names)
+    # Per-task weight of a resampled sum: 1 / (n_seeds * n_t), then the mean over tasks.
+    task_w = 1.0 / (n_seeds * sizes * n_tasks)
+
+    stat = float((np.add.reduceat(d.sum(axis=0), starts) * task_w).sum())
+
+    rng = np.random.default_rng(seed)
+    boot = np.empty(n_boot)
+    block = max(1, _BLOCK_CELLS // n_items)
+    starts_of_item = np.repeat(starts, sizes)  # the first column of each item's task
+    size_of_item = np.repeat(sizes, sizes)
+    for lo in range(0, n_boot, block):
+        m = min(block, n_boot - lo)
+        # Resampling = how many times each seed / item is drawn: draw indices, count them.
+        rows = np.arange(m)[:, None]
+        seed_idx = rng.integers(0, n_seeds, size=(m, n_seeds))
+        seed_counts = np.bincount((rows * n_seeds + seed_idx).ravel(),
+                                  minlength=m * n_seeds).reshape(m, n_seeds).astype(float)
+        # Within each task: an index in [start, start + n_t) for each of the task's n_t slots.
+        item_idx = starts_of_item + rng.integers(0, size_of_item, size=(m, n_items))
+        item_counts = np.bincount((rows * n_items + item_idx).ravel(),
+                                  minlength=m * n_items).reshape(m, n_items)
+        per_item = seed_counts @ d  # [m, n_items]: sum over the resampled seeds
+        per_task = np.add.reduceat(per_item * item_counts, starts, axis=1)  # [m, n_tasks]
+        boot[lo:lo + m] = per_task @ task_w
+    return stat, boot, n_tasks
+
+
+def _check_level(level: float, n_boot: int) -> int:
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if int(n_boot) < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    return int(n_boot)
+
+
 def paired_comparison(a, b, task_of_item, level: float = 0.95, n_boot: int = 2000,
                       seed: int = 0, min_se: float = 0.0) -> dict:
     """Difference of macro averages of method A and method B, with a paired bootstrap CI.
@@ -114,10 +170,17 @@ def paired_comparison(a, b, task_of_item, level: float = 0.95, n_boot: int = 200
     few seeds, which makes the interval too narrow when run-to-run effects dominate.
     More seeds help both.
 
-    Returns diff, ci_low/ci_high (percentile interval at `level`), se (bootstrap SD, floored at
-    `min_se`, the caller's floor for the spread between CPUs; the floor enters se and mde only,
-    not the CI or p), p, n_seeds, n_items, n_tasks and mde (minimum_detectable_difference of
-    that se at alpha = 1 - level, power 0.8).
+    Returns diff, ci_low/ci_high (percentile interval at `level`), ci_low_1s/ci_high_1s (the
+    one-sided bounds at `level`: the 1 - level and level quantiles, what a non-inferiority
+    test at alpha = 1 - level reads), se (bootstrap SD, floored at `min_se`), p, n_seeds,
+    n_items, n_tasks and mde (minimum_detectable_difference of that se at alpha = 1 - level,
+    power 0.8).
+
+    `min_se` is the caller's floor for the spread between machines (CPU kinds: other float
+    kernels train other models). Pass it only when the two sides were measured on different
+    machines: in a paired comparison of runs of one machine the machine's offset is shared by
+    both sides and cancels, so flooring that se would only hide real power (0.02 forces an
+    MDE of at least 0.056). The floor enters se and mde only, not the CI or p.
 
     p is two-sided from the bootstrap distribution: 2 * min(P(boot <= 0), P(boot >= 0)),
     clipped to [1/(n_boot + 1), 1]: p < 1 - level when 0 is outside the percentile CI (up to
@@ -127,47 +190,14 @@ def paired_comparison(a, b, task_of_item, level: float = 0.95, n_boot: int = 200
 
     Deterministic in `seed` (numpy default_rng).
     """
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    if int(n_boot) < 1:
-        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    n_boot = int(n_boot)
+    n_boot = _check_level(level, n_boot)
     a, b, tasks = _check_inputs(a, b, task_of_item)
     n_seeds, n_items = a.shape
-
-    names, inverse = np.unique(tasks, return_inverse=True)
-    order = np.argsort(inverse, kind="stable")
-    d = (a - b)[:, order]  # items grouped by task
-    sizes = np.bincount(inverse, minlength=len(names))
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    n_tasks = len(names)
-    # Per-task weight of a resampled sum: 1 / (n_seeds * n_t), then the mean over tasks.
-    task_w = 1.0 / (n_seeds * sizes * n_tasks)
-
-    diff = float((np.add.reduceat(d.sum(axis=0), starts) * task_w).sum())
-
-    rng = np.random.default_rng(seed)
-    boot = np.empty(n_boot)
-    block = max(1, _BLOCK_CELLS // n_items)
-    starts_of_item = np.repeat(starts, sizes)  # the first column of each item's task
-    size_of_item = np.repeat(sizes, sizes)
-    for lo in range(0, n_boot, block):
-        m = min(block, n_boot - lo)
-        # Resampling = how many times each seed / item is drawn: draw indices, count them.
-        rows = np.arange(m)[:, None]
-        seed_idx = rng.integers(0, n_seeds, size=(m, n_seeds))
-        seed_counts = np.bincount((rows * n_seeds + seed_idx).ravel(),
-                                  minlength=m * n_seeds).reshape(m, n_seeds).astype(float)
-        # Within each task: an index in [start, start + n_t) for each of the task's n_t slots.
-        item_idx = starts_of_item + rng.integers(0, size_of_item, size=(m, n_items))
-        item_counts = np.bincount((rows * n_items + item_idx).ravel(),
-                                  minlength=m * n_items).reshape(m, n_items)
-        per_item = seed_counts @ d  # [m, n_items]: sum over the resampled seeds
-        per_task = np.add.reduceat(per_item * item_counts, starts, axis=1)  # [m, n_tasks]
-        boot[lo:lo + m] = per_task @ task_w
+    diff, boot, n_tasks = _bootstrap(a - b, tasks, n_boot, seed)
 
     tail = (1.0 - level) / 2.0
     ci_low, ci_high = (float(v) for v in np.quantile(boot, [tail, 1.0 - tail]))
+    low_1s, high_1s = (float(v) for v in np.quantile(boot, [1.0 - level, level]))
     se = max(float(boot.std(ddof=1)) if n_boot > 1 else 0.0, float(min_se))
     p_two = 2.0 * min(float(np.mean(boot <= 0.0)), float(np.mean(boot >= 0.0)))
     p = float(min(1.0, max(1.0 / (n_boot + 1), p_two)))
@@ -175,6 +205,8 @@ def paired_comparison(a, b, task_of_item, level: float = 0.95, n_boot: int = 200
         "diff": diff,
         "ci_low": ci_low,
         "ci_high": ci_high,
+        "ci_low_1s": low_1s,
+        "ci_high_1s": high_1s,
         "se": se,
         "p": p,
         "n_seeds": int(n_seeds),
@@ -182,6 +214,34 @@ def paired_comparison(a, b, task_of_item, level: float = 0.95, n_boot: int = 200
         "n_tasks": int(n_tasks),
         "mde": minimum_detectable_difference(se, alpha=1.0 - level),
     }
+
+
+def gain_share(a, b, c, task_of_item, level: float = 0.95, n_boot: int = 2000,
+               seed: int = 0) -> dict:
+    """(a - b) / (c - b) of the macro averages, with a percentile interval from one joint
+    paired bootstrap of the three [n_seeds, n_items] matrices (the same resampled seeds and
+    items in numerator and denominator, so what they share cancels).
+
+    The use: a = the method, b = random, c = the oracle: the share of the gain that knowing
+    the true skills buys which the method recovers (1 = all of it, 0 = none, < 0 = worse than
+    random). Only meaningful where c - b is clearly positive (the positive control passed):
+    near a zero denominator the ratio and its interval explode, and replicates whose
+    denominator is not positive are left out of the interval (their count: n_dropped).
+    """
+    n_boot = _check_level(level, n_boot)
+    a, b, tasks = _check_inputs(a, b, task_of_item)
+    c, _, _ = _check_inputs(c, b, task_of_item)
+    num, boot_num, _ = _bootstrap(a - b, tasks, n_boot, seed)
+    den, boot_den, _ = _bootstrap(c - b, tasks, n_boot, seed)
+    ok = boot_den > 0
+    share = num / den if den > 0 else math.nan
+    tail = (1.0 - level) / 2.0
+    if ok.any():
+        lo, hi = (float(v) for v in np.quantile(boot_num[ok] / boot_den[ok], [tail, 1 - tail]))
+    else:
+        lo = hi = math.nan
+    return {"share": float(share), "ci_low": lo, "ci_high": hi, "gain": float(num),
+            "possible": float(den), "n_dropped": int((~ok).sum())}
 
 
 def cluster_agreement(labels, true_labels) -> dict:

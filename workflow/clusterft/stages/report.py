@@ -7,8 +7,10 @@ method `full` defaults to budget 1 and method `base` (the model before fine-tuni
 train metrics) to budget 0. `eval_json` / `train_metrics_json` may be empty.
 
 Output (`run_report`): `accuracy_vs_data.{csv,md}`, `time.{csv,md}`, `balance_cost.{csv,md}`
-(:mod:`clusterft.analysis.balancecost`), `findings.md` in the
-tables folder; `accuracy_vs_data_<dataset>.png` and `time_<dataset>.png` in the plots folder.
+(:mod:`clusterft.analysis.balancecost`), `comparisons.{csv,md}`, `claims.md` and `findings.md`
+in the tables folder; `accuracy_vs_data_<dataset>.png`, `time_<dataset>.png` and
+`comparisons_<dataset>.png` in the plots folder. Every verdict of claims.md and findings.md
+comes from one function, :func:`clusterft.analysis.verdict.claims_table`.
 Standard deviations are sample std over seeds (ddof=1; empty with one seed).
 """
 
@@ -23,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from clusterft.pipeline.errors import InputError
-from clusterft.pipeline.names import (BALANCED, BASE, CLUSTER, FULL, METHODS, RANDOM, RANDOM_SPLIT,
-                    REFERENCES)
+from clusterft.pipeline.names import (BASE, CLUSTER, FULL, METHODS, ORACLE, RANDOM, REFERENCES,
+                                      STEPS_LABEL)
 from clusterft.pipeline.sections import merge_section
 from clusterft.pipeline.io import atomic_path, read_json, write_text
 from clusterft.analysis.stats import mean_ci
@@ -33,13 +35,21 @@ from clusterft.analysis.balancecost import balance_markdown, balance_table, plan
 DEFAULTS: dict[str, Any] = {
     # Budget fraction at which the paper's claims are checked (31% of the data).
     "claim_budget": 0.31,
-    # Largest absolute drop in average accuracy (full minus cluster) still called "near full".
-    "near_full_tolerance": 0.02,
-    # Smallest standard error attached to a mean average accuracy, whatever the seeds show:
-    # the same run on another CPU (other float kernels) gives another model, and with few
-    # seeds the seed standard error can come out near zero by chance. 0.02: the SD of a cell's
-    # seed mean between the native and the forced-AVX2 path of the embedded default, rounded
-    # up (docs/cpus_and_precision.md).
+    # Non-inferiority margin of the near-full claim, declared before the run as a share of
+    # full's gain over the base model: 0.2 = cluster keeps at least 80% of what fine-tuning on
+    # all the data adds. The absolute margin (share x (full - base) of each dataset x model)
+    # is reported; near full is reproduced when the one-sided 95% lower bound of
+    # cluster - full lies above -margin. Why a share: "almost the full-data accuracy" is
+    # only meaningful against the gain that fine-tuning buys; an absolute tolerance is
+    # strict on a benchmark where that gain is large and vacuous where it is small.
+    "near_full_margin": 0.2,
+    # Smallest standard error where machines are compared, whatever the seeds show: the same
+    # run on another CPU kind (other float kernels) gives another model, and with few seeds
+    # the seed standard error can come out near zero by chance. Applied to the cross-run SE
+    # of accuracy_vs_data's averages and to paired comparisons whose runs trained on
+    # different CPUs; never to paired comparisons of one machine's runs, where the machine's
+    # offset cancels. 0.02: the SD of a cell's seed mean between the native and the
+    # forced-AVX2 path of the embedded default, rounded up (docs/cpus_and_precision.md).
     "min_se": 0.02,
     # Resolution of the PNG plots.
     "dpi": 110,
@@ -156,6 +166,8 @@ def load_runs(runs: Iterable[Mapping[str, Any]]) -> tuple[pd.DataFrame, list[str
             row["imbalance"] = imbalance(m.get("per_rank_tokens_per_step"))
             row["padded_work"] = plan_work(m.get("padded_tokens_per_step"))
             row["precision"] = str(m.get("precision") or "-")
+            # padding-free packed micro-batches or padded ones (train.packing)
+            row["packing"] = {True: "packed", False: "padded"}.get(m.get("packing"), "-")
             row["cpu"] = str((m.get("hardware") or {}).get("cpu") or "-")
         rows.append(row)
     if not rows:
@@ -164,7 +176,7 @@ def load_runs(runs: Iterable[Mapping[str, Any]]) -> tuple[pd.DataFrame, list[str
     for c in ("average", "wall_time_s", "tokens", "steps", "imbalance", "padded_work"):
         if c not in df:
             df[c] = np.nan
-    for c in ("precision", "cpu"):
+    for c in ("precision", "packing", "cpu"):
         df[c] = df[c].fillna("-") if c in df else "-"
     return df, tasks
 
@@ -193,7 +205,10 @@ def accuracy_table(df: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any] | 
     cfg = {**DEFAULTS, **(cfg or {})}
     ev = df[df["average"].notna()]
     if "role" in ev:  # the distribution ablation is reported as a comparison, not a cell
-        ev = ev[ev["role"] != "ablation"]
+        ev = ev[ev["role"] != "ablation"].copy()
+        # the step-matched arm: rows of their own beside the paper protocol's
+        sm = ev["role"] == "step_matched"
+        ev.loc[sm, "method"] = ev.loc[sm, "method"] + STEPS_LABEL
     cols = ["average"] + [f"task:{t}" for t in tasks]
     if ev.empty:
         return pd.DataFrame(columns=KEY_ACC + ["fraction", "n_seeds", "n_runs"])
@@ -221,18 +236,19 @@ def accuracy_table(df: pd.DataFrame, tasks: list[str], cfg: Mapping[str, Any] | 
 
 
 def time_table(df: pd.DataFrame) -> pd.DataFrame:
-    """dataset x model x gpus x distribution x method x budget x epochs x precision: train
-    time, tokens, imbalance, and the ratio to the full-data run with the same GPUs,
-    distribution, epochs and precision (runs of other epoch counts or precisions are never
-    each other's reference)."""
+    """dataset x model x gpus x distribution x method x budget x epochs x precision x packing:
+    train time, tokens, imbalance, and the ratio to the full-data run with the same GPUs,
+    distribution, epochs, precision and packing (padding-free or padded micro-batches; runs
+    of other epoch counts, precisions or packings are never each other's reference)."""
     tr = df[df["wall_time_s"].notna()].copy()
     if tr.empty:
-        return pd.DataFrame(columns=KEY_TIME + ["fraction", "epochs", "precision", "n_seeds",
-                                               "wall_time_s_mean"])
+        return pd.DataFrame(columns=KEY_TIME + ["fraction", "epochs", "precision", "packing",
+                                               "n_seeds", "wall_time_s_mean"])
     tr["gpus"] = tr["gpus"].fillna(1).astype(int)
     tr["distribution"] = tr["distribution"].fillna("-")
     tr["epochs"] = tr["epochs"].fillna("-") if "epochs" in tr else "-"
-    g = tr.groupby(KEY_TIME + ["fraction", "epochs", "precision"], dropna=False)
+    tr["packing"] = tr["packing"].fillna("-") if "packing" in tr else "-"
+    g = tr.groupby(KEY_TIME + ["fraction", "epochs", "precision", "packing"], dropna=False)
     out = pd.DataFrame({
         "n_seeds": g["seed"].nunique(),
         "wall_time_s_mean": g["wall_time_s"].mean(),
@@ -241,7 +257,7 @@ def time_table(df: pd.DataFrame) -> pd.DataFrame:
         "steps_mean": g["steps"].mean(),
         "imbalance_mean": g["imbalance"].mean(),
     }).reset_index()
-    ref_keys = ["dataset", "model", "gpus", "distribution", "epochs", "precision"]
+    ref_keys = ["dataset", "model", "gpus", "distribution", "epochs", "precision", "packing"]
     full = out[out["method"] == FULL].groupby(ref_keys)["wall_time_s_mean"].mean()
     full = full.rename("_full").reset_index()
     out = out.merge(full, on=ref_keys, how="left")
@@ -297,7 +313,7 @@ def accuracy_markdown(acc: pd.DataFrame, tasks: list[str]) -> str:
 def time_markdown(tt: pd.DataFrame) -> str:
     """Time table: wall time mean ± std, tokens, steps, ratio to full, imbalance."""
     view = tt[["dataset", "model", "gpus", "distribution", "method", "fraction", "epochs",
-               "precision", "n_seeds"]].copy()
+               "precision", "packing", "n_seeds"]].copy()
     view["fraction"] = view["fraction"].map(lambda f: f"{f:.0%}")
     view["wall_time_s"] = [_pm(m, s, 1)
                            for m, s in zip(tt["wall_time_s_mean"], tt["wall_time_s_std"])]
@@ -413,10 +429,6 @@ def _save(fig: Any, out_png: str | os.PathLike, cfg: Mapping[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- findings
-def _epochs(e: str) -> str:
-    return "epochs unknown" if e == "-" else f"{e} epoch" + ("" if e == "1" else "s")
-
-
 def _row(acc: pd.DataFrame, method: str, fraction: float) -> pd.Series | None:
     r = acc[(acc["method"] == method) & np.isclose(acc["fraction"], fraction, atol=1e-6)]
     return None if r.empty else r.iloc[0]
@@ -426,110 +438,21 @@ def _ms(r: pd.Series, col: str = "average") -> str:
     return f"{_pm(r[f'{col}_mean'], r[f'{col}_std'])} (n={int(r['n_seeds'])})"
 
 
-def _se(r: pd.Series) -> float:
-    """The row's standard error of the mean average: seed SE, at least report.min_se."""
-    return float(r["average_se"])
-
-
-def claim_lines(acc: pd.DataFrame, tt: pd.DataFrame, dataset: str, model: str,
+def claim_lines(claims: pd.DataFrame, acc: pd.DataFrame, dataset: str, model: str,
                 cfg: Mapping[str, Any]) -> list[str]:
-    """Findings for one dataset/model: one bullet per claim, from the numbers alone."""
+    """Findings for one dataset/model: one bullet per row of the claims table
+    (clusterft.analysis.verdict.claims_table) with its verdict word for word, so findings.md
+    and claims.md cannot disagree; then the seed means behind the accuracy claims (numbers,
+    no verdict)."""
+    c = claims[(claims["dataset"] == dataset) & (claims["model"] == model)]
+    out = [f"**{r.claim}**: **{r.verdict}** — {r.ours}." for r in c.itertuples()]
     b = float(cfg["claim_budget"])
-    pct = f"{b:.0%}"
     a = acc[(acc["dataset"] == dataset) & (acc["model"] == model)]
-    full = _row(a, FULL, 1.0)
-    clu = _row(a, CLUSTER, b)
-    rnd = _row(a, RANDOM, b)
-    out = []
-
-    # 1. near-full accuracy with 31% of the data
-    head = f"**Near-full accuracy with {pct} of the data (cluster)**: "
-    if full is None or clu is None:
-        out.append(head + "not evaluated (needs full and cluster at this budget).")
-    else:
-        gap = full["average_mean"] - clu["average_mean"]
-        ok = gap <= cfg["near_full_tolerance"]
-        verdict = "reproduced" if ok else "not reproduced"
-        out.append(head + f"{verdict}: cluster {_ms(clu)} vs full {_ms(full)}; full − cluster = "
-                   f"{gap:+.3f} (tolerance {cfg['near_full_tolerance']:.3f}).")
-
-    # 2. cluster beats random at equal budget
-    head = f"**Cluster > random at equal budget ({pct})**: "
-    if clu is None or rnd is None:
-        out.append(head + "not evaluated (needs cluster and random at this budget).")
-    else:
-        diff = clu["average_mean"] - rnd["average_mean"]
-        se = math.sqrt(_se(clu) ** 2 + _se(rnd) ** 2)
-        if math.isnan(se):
-            verdict = ("reproduced" if diff > 0 else "not reproduced") + \
-                " (one seed: no noise estimate)"
-        elif diff > 2 * se:
-            verdict = "reproduced (difference beyond 2 standard errors)"
-        elif diff < -2 * se:
-            verdict = "not reproduced (random is better beyond 2 standard errors)"
-        else:
-            verdict = ("not reproduced: the difference is within seed noise "
-                       f"(2 standard errors = {2 * se:.3f})")
-        line = head + f"{verdict}: cluster {_ms(clu)} vs random {_ms(rnd)}; " \
-                      f"cluster − random = {diff:+.3f}."
-        others = []
-        for _, r in a[a["method"] == CLUSTER].iterrows():
-            o = _row(a, RANDOM, r["fraction"])
-            if o is not None and not np.isclose(r["fraction"], b):
-                others.append(f"{r['fraction']:.0%}: {r['average_mean'] - o['average_mean']:+.3f}")
-        if others:
-            line += " Other budgets (cluster − random): " + ", ".join(others) + "."
-        out.append(line)
-
-    # 3. training time reduction at 31%
-    t = tt[(tt["dataset"] == dataset) & (tt["model"] == model)]
-    several_prec = t["precision"].nunique() > 1 if "precision" in t else False
-    head = (f"**Training time reduction at {pct} (cluster vs full, same GPUs/distribution/epochs/"
-            "precision)**: ")
-    pairs = t[(t["method"] == CLUSTER) & np.isclose(t["fraction"], b)
-              & t["ratio_to_full"].notna()]
-    if pairs.empty:
-        out.append(head + "not evaluated (no full run with the same GPUs, distribution, epochs "
-                   "and precision).")
-    else:
-        parts, oks = [], []
-        for r in pairs.itertuples():
-            oks.append(r.ratio_to_full < 1)
-            full_s = r.wall_time_s_mean / r.ratio_to_full
-            prec = f", {r.precision}" if several_prec else ""
-            parts.append(f"{r.gpus} GPU {r.distribution}, {_epochs(r.epochs)}{prec}: "
-                         f"{r.wall_time_s_mean:.1f} s vs full "
-                         f"{full_s:.1f} s (ratio {r.ratio_to_full:.2f})")
-        verdict = "reproduced" if all(oks) else ("partly reproduced" if any(oks)
-                                                 else "not reproduced")
-        out.append(head + f"{verdict}: " + "; ".join(parts) + ".")
-
-    # 4. balanced vs random distribution
-    head = "**Balanced distribution faster than random distribution**: "
-    bal, rd = BALANCED, RANDOM_SPLIT
-    keys = ["gpus", "method", "fraction", "epochs", "precision"]
-    tb = t[t["distribution"] == bal].set_index(keys)
-    tr = t[t["distribution"] == rd].set_index(keys)
-    common = tb.index.intersection(tr.index)
-    if len(common) == 0:
-        out.append(head + "not evaluated (needs both distributions with the same GPUs, method, "
-                   "budget, epochs and precision).")
-    else:
-        parts, oks = [], []
-        for k in common:
-            rb, rr = tb.loc[k], tr.loc[k]
-            ratio = rb["wall_time_s_mean"] / rr["wall_time_s_mean"]
-            oks.append(ratio < 1)
-            prec = f", {k[4]}" if several_prec else ""
-            parts.append(f"{k[0]} GPU {k[1]} {k[2]:.0%} ({_epochs(k[3])}{prec}): balanced "
-                         f"{_pm(rb['wall_time_s_mean'], rb['wall_time_s_std'], 1)} s vs random "
-                         f"{_pm(rr['wall_time_s_mean'], rr['wall_time_s_std'], 1)} s "
-                         f"(ratio {ratio:.2f}, seeds {int(rb['n_seeds'])} vs {int(rr['n_seeds'])}; "
-                         f"token imbalance max/mean {rb['imbalance_mean']:.3f} vs "
-                         f"{rr['imbalance_mean']:.3f})")
-        verdict = "reproduced" if all(oks) else ("partly reproduced" if any(oks)
-                                                 else "not reproduced")
-        out.append(head + f"{verdict}: " + "; ".join(parts) + ".")
+    means = [f"{m} {_ms(r)}" for m, f in ((BASE, 0.0), (FULL, 1.0), (CLUSTER, b), (RANDOM, b))
+             if (r := _row(a, m, f)) is not None]
+    if means:
+        out.append(f"Seed means of the average accuracy (± std over seeds), budget {b:.0%}: "
+                   + "; ".join(means) + ".")
     return out
 
 
@@ -596,43 +519,108 @@ def conditions_lines(df: pd.DataFrame) -> list[str]:
 
 def findings_text(acc: pd.DataFrame, tt: pd.DataFrame, cfg: Mapping[str, Any] | None = None,
                   tasks: list[str] | None = None,
-                  df_conditions: pd.DataFrame | None = None) -> str:
-    """The whole findings.md: per dataset and model, what the numbers say about each claim."""
+                  df_conditions: pd.DataFrame | None = None,
+                  claims: pd.DataFrame | None = None) -> str:
+    """The whole findings.md: per dataset and model, the claims table's rows as bullets.
+
+    ``claims``: clusterft.analysis.verdict.claims_table's output, the one decider (run_report
+    passes the one it writes to claims.md). Without it the table is built here from the time
+    table alone: the accuracy claims then say 'not evaluated' (their verdicts need the
+    per-item results), rather than a second rule judging them from seed means.
+    """
+    from clusterft.analysis import verdict
+
     cfg = {**DEFAULTS, **(cfg or {})}
+    if claims is None:
+        claims = verdict.claims_table(pd.DataFrame(columns=verdict.CMP_COLUMNS), tt,
+                                      pd.DataFrame(columns=["dataset", "model"]),
+                                      pd.DataFrame(columns=["dataset", "model", "budget"]), cfg)
     lines = ["# Findings", "",
-             "Generated from the result files by `clusterft.stages.report`; each verdict applies a "
-             "fixed rule to the numbers below (near full: full − cluster ≤ "
-             f"{cfg['near_full_tolerance']:.3f} average accuracy; cluster > random: difference "
-             "beyond 2 standard errors, each the seed standard error but at least "
-             f"{float(cfg['min_se']):.3f} (`report.min_se`, the spread between CPUs); time: "
-             "ratio < 1). Small models and few seeds: read the numbers, not only the verdicts.",
-             ""]
+             "Generated from the result files by `clusterft.stages.report`. Every verdict below "
+             "is the verdict column of claims.md for the same claim and dataset x model "
+             "(`clusterft.analysis.verdict.claims_table`: one rule on one set of numbers; the "
+             "rules are stated in claims.md). Small models and few seeds: read the numbers, "
+             "not only the verdicts.", ""]
+    lines += [f"- {n}" for n in verdict.NOTES] + [""]
     lines += conditions_lines(df_conditions) if df_conditions is not None else []
     lines += learnability_lines(acc, tasks or [])
-    pairs = pd.concat([acc[["dataset", "model"]], tt[["dataset", "model"]]]).drop_duplicates()
+    pairs = pd.concat([claims[["dataset", "model"]], acc[["dataset", "model"]],
+                       tt[["dataset", "model"]]]).drop_duplicates()
     for ds, model in pairs.itertuples(index=False):
         lines += [f"## {ds} / {model}", ""]
-        lines += [f"- {x}" for x in claim_lines(acc, tt, ds, model, cfg)]
+        lines += [f"- {x}" for x in claim_lines(claims, acc, ds, model, cfg)]
         lines.append("")
     return "\n".join(lines)
 
 
 def claims_markdown(claims: pd.DataFrame, cfg: Mapping[str, Any]) -> str:
-    """claims.md: one row per claim of the paper and dataset x model, then the diagnosis."""
+    """claims.md: one row per claim of the paper and dataset x model, the notes (readings
+    that are not verdicts), then the diagnosis."""
+    from clusterft.analysis.verdict import NOTES
+
     head = ["# Claims of the paper against this run", "",
-            "Each verdict is a fixed rule on the numbers (clusterft.analysis.verdict): differences are "
-            "average accuracy over the tasks, A − B, with a 95% interval from a paired "
-            "bootstrap over seeds and items; standard errors are at least "
-            f"{float(cfg['min_se']):.3f} (`report.min_se`). A selection claim whose interval "
-            "holds 0 is *inconclusive* where oracle − random (the selection that knows the "
-            "true skills) does not clear the minimum detectable difference — the benchmark "
-            "cannot tell selections apart — and *not reproduced* where it does. The oracle is "
-            "a reference, never a contender. Results are findings, not targets.", ""]
+            "Each verdict is a fixed rule on the numbers (clusterft.analysis.verdict.claims_table; "
+            "findings.md shows the same verdicts): differences are average accuracy over the "
+            "tasks, A − B, with a 95% interval from a paired bootstrap over seeds and items. "
+            "Paired runs of one machine keep their bootstrap standard error; "
+            f"`report.min_se` ({float(cfg['min_se']):.3f}, the spread between CPU kinds) "
+            "floors it only where the paired runs trained on different CPUs. A selection claim "
+            "whose interval holds 0 is *inconclusive* where oracle − random (the selection "
+            "that knows the true skills: the testbed's positive control) does not clear the "
+            "minimum detectable difference — the benchmark cannot tell selections apart — and "
+            "*not reproduced* where it does. Near full is a non-inferiority test against "
+            f"`report.near_full_margin` = {float(cfg['near_full_margin']):.2f} of full's gain "
+            "over the base model. The oracle is a reference, never a contender. Results are "
+            "findings, not targets.", ""]
+    notes = ["Notes:", ""] + [f"- {n}" for n in NOTES] + [""]
     if claims.empty:
-        return "\n".join(head + ["(nothing to compare)", ""])
+        return "\n".join(head + ["(nothing to compare)", ""] + notes)
     main = claims[~claims["claim"].str.endswith("(diagnosis)")]
     diag = claims[claims["claim"].str.endswith("(diagnosis)")]
-    return "\n".join(head) + "\n" + to_markdown(main) + "\n## Diagnosis\n\n" + to_markdown(diag)
+    return ("\n".join(head) + "\n" + to_markdown(main) + "\n" + "\n".join(notes)
+            + "\n## Diagnosis\n\n" + to_markdown(diag))
+
+
+def plot_comparisons(cmp: pd.DataFrame, dataset: str, cfg: Mapping[str, Any],
+                     out_png: str | os.PathLike) -> None:
+    """Forest plot, one panel per model of `dataset`: each method's paired difference to
+    random at the claim budget with its 95% interval (horizontal bar), 0 (solid) and ±MDE
+    (dashed: the panel's power line, oracle − random's minimum detectable difference, or the
+    largest MDE among the panel's comparisons without an oracle). A bar inside the dashed
+    lines is a difference this design could not have detected reliably. Missing
+    comparisons leave a panel that says so."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = cmp[(cmp["dataset"] == dataset) & (cmp["b"] == RANDOM)] if len(cmp) else cmp
+    models = list(dict.fromkeys(d["model"])) if len(d) else []
+    fig, axes = plt.subplots(1, max(1, len(models)),
+                             figsize=(5 * max(1, len(models)), 1.2 + 0.45 * max(2, len(d))),
+                             squeeze=False)
+    if not models:
+        ax = axes[0][0]
+        ax.text(0.5, 0.5, f"{dataset}: no paired comparisons with random", ha="center",
+                va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+    for ax, model in zip(axes[0], models):
+        m = d[d["model"] == model].reset_index(drop=True)
+        y = np.arange(len(m))[::-1]
+        err = np.vstack([m["diff"] - m["ci_low"], m["ci_high"] - m["diff"]])
+        ax.errorbar(m["diff"], y, xerr=err, fmt="o", capsize=3, color="C0")
+        ora = m[m["a"] == ORACLE]
+        mde = float(ora["mde"].iloc[0]) if len(ora) else float(m["mde"].max())
+        ax.axvline(0, color="black", lw=0.8)
+        for x in (-mde, mde):
+            ax.axvline(x, color="gray", ls="--", lw=0.8)
+        ax.set_yticks(y, [f"{a} − random" for a in m["a"]], fontsize=8)
+        ax.set_xlabel(f"paired difference in average accuracy (95% CI); dashed: ±MDE "
+                      f"{mde:.3f}" + ("" if len(ora) else " (no oracle: largest MDE)"),
+                      fontsize=8)
+        ax.set_title(f"{dataset} / {model}")
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    _save(fig, out_png, cfg)
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -671,13 +659,18 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
                cfg: Mapping[str, Any] | None = None,
                clusterings: Iterable[Mapping[str, Any]] | None = None,
                labels: Mapping[str, str] | None = None,
-               run_dir: str | os.PathLike | None = None) -> dict[str, list[str]]:
+               run_dir: str | os.PathLike | None = None,
+               sources: Mapping[str, str] | None = None) -> dict[str, list[str]]:
     """Read every run's result files and write the tables, plots and findings.
 
     ``clusterings``: {dataset, model, seed, features, clusters, labels} records for the
     skill-recovery table; ``labels``: dataset -> labels.parquet for the per-label counts of
-    the selections. With both, the diagnosis tables, the paired comparisons (from the runs'
-    per-item results) and claims.md are written too. ``run_dir``: the run's folder (its
+    the selections. With both, the diagnosis tables (skill recovery, label counts) are
+    written too. The paired comparisons (from the runs' per-item results; empty without
+    them), claims.md and findings.md (the same verdicts, clusterft.analysis.verdict) and one
+    forest plot per dataset (`comparisons_<dataset>.png`) always. ``sources``: dataset -> its
+    source (config `datasets.<name>.source`), for the claims' scope note per testbed.
+    ``run_dir``: the run's folder (its
     ``benchmarks/out`` and ``results``), for selection_overhead.{csv,md} (clusterft.analysis.overhead:
     selection stages + training at the claim budget over full-data training).
     Returns {"tables": [...], "plots": [...]} with the paths written.
@@ -702,11 +695,9 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
     table("time", tt, time_markdown(tt) if len(tt) else "(no training runs)\n")
     bt = balance_table(df)
     table("balance_cost", bt, balance_markdown(bt))
-    write_text(tdir / "findings.md", findings_text(acc, tt, cfg, tasks, df))
-    written["tables"].append(str(tdir / "findings.md"))
-    if clusterings is not None and labels is not None:
-        from clusterft.analysis import verdict
+    from clusterft.analysis import verdict
 
+    if clusterings is not None and labels is not None:
         sr = verdict.skill_recovery(clusterings)
         srs = verdict.skill_recovery_summary(sr) if len(sr) else pd.DataFrame(
             columns=["dataset", "model", "features", "ari", "ari_ci"])
@@ -715,14 +706,20 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
         ls = verdict.label_summary(lc) if len(lc) else pd.DataFrame(
             columns=["dataset", "model", "method", "budget"])
         table("label_counts", lc, to_markdown(ls) if len(ls) else "(no selections)\n")
-        cmp = verdict.comparisons(df, float(cfg["claim_budget"]), float(cfg["min_se"]),
-                                  int(cfg["n_boot"]))
-        table("comparisons", cmp, to_markdown(cmp) if len(cmp) else "(no paired runs)\n")
-        claims = verdict.claims_table(cmp, tt, srs, ls, cfg, bt)
-        write_text(tdir / "claims.md", claims_markdown(claims, cfg))
-        written["tables"].append(str(tdir / "claims.md"))
         plot_skill_recovery(srs, cfg, pdir / "skill_recovery.png")
         written["plots"].append(str(pdir / "skill_recovery.png"))
+    else:
+        srs = pd.DataFrame(columns=["dataset", "model", "features", "ari", "ari_ci"])
+        ls = pd.DataFrame(columns=["dataset", "model", "method", "budget"])
+    # min_se enters only comparisons whose paired runs trained on different CPUs.
+    cmp = verdict.comparisons(df, float(cfg["claim_budget"]), float(cfg["min_se"]),
+                              int(cfg["n_boot"]))
+    table("comparisons", cmp, to_markdown(cmp) if len(cmp) else "(no paired runs)\n")
+    # One decider: claims.md and findings.md both show this table's verdicts.
+    claims = verdict.claims_table(cmp, tt, srs, ls, cfg, bt, sources)
+    write_text(tdir / "claims.md", claims_markdown(claims, cfg))
+    write_text(tdir / "findings.md", findings_text(acc, tt, cfg, tasks, df, claims))
+    written["tables"] += [str(tdir / "claims.md"), str(tdir / "findings.md")]
     if run_dir is not None:
         from clusterft.analysis.overhead import write_tables
 
@@ -732,5 +729,7 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
         plot_accuracy(acc, ds, tasks, task_specs, cfg, p)
         p2 = pdir / f"time_{ds}.png"
         plot_time(tt, ds, cfg, p2)
-        written["plots"] += [str(p), str(p2)]
+        p3 = pdir / f"comparisons_{ds}.png"
+        plot_comparisons(cmp, ds, cfg, p3)
+        written["plots"] += [str(p), str(p2), str(p3)]
     return written
