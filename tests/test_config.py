@@ -63,8 +63,8 @@ BAD = [
     ("unknown method", lambda c: c["sweep"].update(methods=["full", "kmeans"]), "sweep.methods.1"),
     ("unknown distribution", lambda c: c["sweep"]["accuracy"].update(distribution="roundrobin"),
      "sweep.accuracy.distribution"),
-    ("unknown data source", lambda c: c["datasets"]["skills"].update(source="csv"),
-     "datasets.skills.source"),
+    ("unknown data source", lambda c: c["datasets"]["pycode"].update(source="csv"),
+     "datasets.pycode.source"),
     ("stage key of the wrong type", lambda c: c["train"].update(epochs="three"), "train.epochs"),
     ("nested stage key", lambda c: c["score"].update(lora={"rank": 4}), "score.lora.rank"),
     ("unknown key of a model's train override",
@@ -72,7 +72,7 @@ BAD = [
     ("unknown key of a model's pretrain",
      lambda c: c["models"]["small"].update(pretrain={"stepz": 2}), "models.small.pretrain.stepz"),
     ("dataset key its source has no use for",
-     lambda c: c["datasets"]["skills"].update(hf_dataset="x"), "datasets.skills.hf_dataset"),
+     lambda c: c["datasets"]["pycode"].update(hf_dataset="x"), "datasets.pycode.hf_dataset"),
     ("unknown tokenizer key", lambda c: c["tokenizer"].update(vocab=12), "tokenizer.vocab"),
     ("a max_length word other than auto", lambda c: c["train"].update(max_length="longest"),
      "train.max_length"),
@@ -194,9 +194,9 @@ def test_time_sweep_models_restrict_the_time_runs(tmp_path: Path) -> None:
                      cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout + out.stderr
-    assert "results/train/skills/small/full-1/g4-random/s0" in text
-    assert "results/train/skills/large/full-1/g4-random/s0" not in text
-    assert "results/train/skills/large/full-1/g1-balanced/s0" in text  # accuracy runs stay
+    assert "results/train/pycode/small/full-1/g4-random/s0" in text
+    assert "results/train/pycode/large/full-1/g4-random/s0" not in text
+    assert "results/train/pycode/large/full-1/g1-balanced/s0" in text  # accuracy runs stay
 
 
 def test_global_batch_size_must_divide_every_gpu_count() -> None:
@@ -214,8 +214,8 @@ def test_a_model_train_section_overrides_the_train_section(tmp_path: Path) -> No
     cfg["models"]["large"]["train"] = {"epochs": 2}
     cfg["models"]["small"].pop("train", None)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    out = _snakemake("results/train/skills/large/full-1/g1-balanced/s0/model",
-                     "results/train/skills/small/full-1/g1-balanced/s0/model", "-n", "-p",
+    out = _snakemake("results/train/pycode/large/full-1/g1-balanced/s0/model",
+                     "results/train/pycode/small/full-1/g1-balanced/s0/model", "-n", "-p",
                      "--directory", str(tmp_path), "--configfile", str(tmp_path / "c.yaml"),
                      cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -234,8 +234,8 @@ def test_a_model_train_section_overrides_the_train_section(tmp_path: Path) -> No
 def test_one_gpu_runs_start_without_torchrun(tmp_path: Path) -> None:
     """A one-rank run is a plain `python -m clusterft.stages.train` job; more ranks go through
     torchrun with one process per GPU."""
-    out = _snakemake("results/train/skills/small/full-1/g1-balanced/s0/model",
-                     "results/train/skills/small/full-1/g4-random/s0/model", "-n", "-p",
+    out = _snakemake("results/train/pycode/small/full-1/g1-balanced/s0/model",
+                     "results/train/pycode/small/full-1/g4-random/s0/model", "-n", "-p",
                      "--cores", "2", "--directory", str(tmp_path),
                      "--configfile", str(ROOT / "config" / "config.yaml"), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -337,7 +337,7 @@ def test_nested_config_overrides_are_typed_by_the_schema() -> None:
                  "sweep": {"budgets": ["0.25", "0.5"], "accuracy": {"fuse_seeds": "false"},
                            "time": {"epochs": "null"}},
                  "train": {"global_batch_size": "16", "lr": "1e-4"},
-                 "datasets": {"skills": {"n": "300"}}}
+                 "datasets": {"pycode": {"n": "300"}}}
     cfg = base()
     for key, value in overrides.items():  # what Snakemake's update_config does
         for k, v in value.items():
@@ -351,7 +351,7 @@ def test_nested_config_overrides_are_typed_by_the_schema() -> None:
     assert cfg["sweep"]["accuracy"]["fuse_seeds"] is False
     assert cfg["sweep"]["time"]["epochs"] is None
     assert cfg["train"]["global_batch_size"] == 16 and cfg["train"]["lr"] == 1e-4
-    assert cfg["datasets"]["skills"]["n"] == 300
+    assert cfg["datasets"]["pycode"]["n"] == 300
     validate_schema(cfg)
 
 

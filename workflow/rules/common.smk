@@ -22,7 +22,7 @@ os.environ.update(
 if PKG_DIR not in sys.path:
     sys.path.insert(0, PKG_DIR)
 
-from clusterft.pipeline.names import DISTRIBUTIONS, FEATURE_KINDS, METHODS
+from clusterft.pipeline.names import DIST_PATTERN, FEATURE_KINDS, METHODS
 from clusterft.plan.config import prepare
 from clusterft.plan.inputs import Inputs
 from clusterft.plan.sweep import RUN, SELECTION, Sweep
@@ -67,6 +67,7 @@ eval_tasks = JOBS.eval_tasks
 DOWNLOAD_MANIFEST = "results/download/manifest.json"
 DOWNLOAD_MIRROR = "results/download/datasets"
 download_manifest = JOBS.download_manifest
+distribution_of = JOBS.train_distribution
 
 
 def per_seed(pattern):
@@ -80,6 +81,6 @@ wildcard_constraints:
     method="|".join(METHODS),
     budget=r"[0-9]+(\.[0-9]+)?",
     gpus=r"[1-9][0-9]*",
-    dist="|".join(DISTRIBUTIONS),
+    dist=DIST_PATTERN,
     seed=r"[0-9]+",
     kind="|".join(FEATURE_KINDS),

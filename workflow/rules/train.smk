@@ -41,11 +41,12 @@ rule train:
     params:
         launcher=JOBS.train_launcher,
         cfg=JOBS.train_cfg,
+        distribution=distribution_of,
     shell:
         "{params.launcher} -m clusterft.stages.train"
         " --model {input.model} --pool {input.pool} --selection {input.selection}"
         " --out {output.model} --metrics {output.metrics}"
-        " --distribution {wildcards.dist} --seed {wildcards.seed} --threads {threads}"
+        " --distribution {params.distribution} --seed {wildcards.seed} --threads {threads}"
         " --config {params.cfg:q} > {log} 2>&1"
 
 
@@ -79,12 +80,13 @@ if FUSE_SEEDS:
         params:
             launcher=JOBS.train_launcher,
             cfg=JOBS.train_seeds_cfg,
+            distribution=distribution_of,
             seeds=SEEDS,
         shell:
             "{params.launcher} -m clusterft.stages.train"
             " --model {input.model} --pool {input.pool} --selection {input.selection}"
             " --out {output.model} --metrics {output.metrics}"
-            " --distribution {wildcards.dist} --seed {params.seeds} --threads {threads}"
+            " --distribution {params.distribution} --seed {params.seeds} --threads {threads}"
             " --config {params.cfg:q} > {log} 2>&1"
 
     ruleorder: train_seeds > train

@@ -49,3 +49,18 @@ def features_of(method: str) -> str:
 # clusterft.sampler.ClusterBalancedSampler.
 DISTRIBUTIONS = ("random", "balanced")
 RANDOM_SPLIT, BALANCED = DISTRIBUTIONS
+
+# The step-matched arm (sweep.step_matched): a run trained with train.step_budget pool, as
+# many optimiser steps as full data takes, carries this suffix on its distribution in paths
+# (g1-balanced_steps): the same selection and deal, only the steps differ.
+STEPS_SUFFIX = "_steps"
+# How the step-matched arm's runs are named in tables and comparisons.
+STEPS_LABEL = " [full's steps]"
+DIST_PATTERN = "(" + "|".join(DISTRIBUTIONS) + ")(" + STEPS_SUFFIX + ")?"
+
+
+def split_dist(dist: str) -> tuple[str, bool]:
+    """A run's path distribution as (the distribution, whether it is step-matched)."""
+    if dist.endswith(STEPS_SUFFIX):
+        return dist[: -len(STEPS_SUFFIX)], True
+    return dist, False

@@ -212,10 +212,13 @@ def settings(cfg: dict) -> dict:
     out["model_train"] = {m: merged(copy.deepcopy(out["train"]), spec.get("train") or {})
                           for m, spec in out["models"].items()}
     sweep = out["sweep"]
+    datasets = list(out["datasets"])
     for group in ("curve", "baselines", "distribution_ablation"):
         sweep[group] = {"methods": [], "budgets": [], "distribution": None, "models": models,
-                        **(sweep.get(group) or {})}
-    sweep["time"] = {"models": models, "epochs": None, **sweep["time"]}
+                        "datasets": datasets, **(sweep.get(group) or {})}
+    sweep["step_matched"] = {"methods": [], "models": models, "datasets": datasets,
+                             **(sweep.get("step_matched") or {})}
+    sweep["time"] = {"models": models, "datasets": datasets, "epochs": None, **sweep["time"]}
     return out
 
 
@@ -535,7 +538,20 @@ def check_config(cfg: dict, source: str = "config") -> None:
     baselines = sweep.get("baselines") or {}
     ablation = sweep.get("distribution_ablation") or {}
     swept = list(sweep["methods"]) + list(baselines.get("methods", []))
-    for group in ("curve", "baselines", "distribution_ablation"):
+    for name, d in cfg["datasets"].items():
+        for i, m in enumerate(d.get("models") or []):
+            if m not in cfg["models"]:
+                raise config_error(f"model '{m}' is not defined under models; defined: "
+                                   f"{', '.join(cfg['models'])}", source,
+                                   f"datasets.{name}.models[{i}]")
+    matched = sweep.get("step_matched") or {}
+    for group in ("curve", "baselines", "distribution_ablation", "step_matched", "time"):
+        for i, d in enumerate((sweep.get(group) or {}).get("datasets", []) or []):
+            if d not in cfg["datasets"]:
+                raise config_error(f"dataset '{d}' is not defined under datasets; defined: "
+                                   f"{', '.join(cfg['datasets'])}", source,
+                                   f"sweep.{group}.datasets[{i}]")
+    for group in ("curve", "baselines", "distribution_ablation", "step_matched"):
         for i, m in enumerate((sweep.get(group) or {}).get("models", []) or []):
             if m not in cfg["models"]:
                 raise config_error(f"model '{m}' is not defined under models; defined: "
@@ -551,12 +567,14 @@ def check_config(cfg: dict, source: str = "config") -> None:
                          ("curve.methods", curve.get("methods", [])),
                          ("baselines.methods", baselines.get("methods", [])),
                          ("distribution_ablation.methods", ablation.get("methods", [])),
+                         ("step_matched.methods", matched.get("methods", [])),
                          ("time.methods", sweep.get("time", {}).get("methods", []))):
         for i, m in enumerate(methods):
             if m not in METHODS:
                 raise config_error(f"unknown method '{m}'; valid: {', '.join(METHODS)}",
                                    source, f"sweep.{key}[{i}]")
-            if key in ("curve.methods", "distribution_ablation.methods") and m not in swept:
+            if key in ("curve.methods", "distribution_ablation.methods",
+                       "step_matched.methods") and m not in swept:
                 raise config_error(f"method '{m}' is in neither sweep.methods nor "
                                    "sweep.baselines.methods", source, f"sweep.{key}[{i}]")
     dists = [("accuracy.distribution", sweep.get("accuracy", {}).get("distribution")),

@@ -21,7 +21,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from clusterft.pipeline.names import ORACLE, RS2, TARGET_AWARE, features_of
+from clusterft.pipeline.names import ORACLE, RS2, TARGET_AWARE, features_of, split_dist
 from clusterft.pipeline.sections import merged
 from clusterft.plan.config import tasks_for
 from clusterft.plan.sweep import Sweep, features_paths
@@ -213,10 +213,12 @@ class Inputs:
 
     # ----------------------------------------------------------------- data.smk
     def dataset_cfg(self, wildcards: Any) -> dict:
-        """A dataset's section; tasks.items_per_task applies unless the dataset sets it."""
+        """A dataset's section; tasks.items_per_task applies unless the dataset sets it.
+        Its `models` (which models run on it) leaves the data unchanged and is left out."""
         items = self.cfg["tasks"]["items_per_task"]
+        spec = self.config["datasets"][wild(wildcards).dataset]
         return canonical({"items_per_task": items,
-                          **self.config["datasets"][wild(wildcards).dataset]})
+                          **{k: v for k, v in spec.items() if k != "models"}})
 
     def benchmark_docs_tasks(self, wildcards: Any = None) -> list[str]:
         """The lm-eval tasks the config names (tasks.lm_eval_tasks), each once, in order."""
@@ -317,7 +319,14 @@ class Inputs:
             cfg = {**cfg, "epochs": int(epochs)}
         if self.plan.is_time_only(run):
             cfg = {**cfg, "keep_model": False}
+        if split_dist(run["dist"])[1]:  # the step-matched arm: full data's steps
+            cfg = {**cfg, "step_budget": "pool"}
         return json.dumps(canonical(cfg))
+
+    def train_distribution(self, wildcards: Any) -> str:
+        """The distribution a train job deals with (its path's, without the step-matched
+        arm's suffix)."""
+        return split_dist(wild(wildcards).dist)[0]
 
     def train_cfg(self, wildcards: Any) -> str:
         return self.run_train_cfg(vars(wild(wildcards)))

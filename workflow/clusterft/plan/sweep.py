@@ -15,8 +15,9 @@ A run is one training: `dataset`, `model`, `method`, `budget` (its path label,
 
 * accuracy (evaluated), all at sweep.accuracy.gpus: every method of sweep.methods (and of
   sweep.baselines, on its models) at every budget of sweep.budgets (full data at 1), the
-  sweep.curve methods at its extra budgets too, and the sweep.distribution_ablation methods
-  at sweep.budgets with the other distribution; every seed;
+  sweep.curve methods at its extra budgets too, the sweep.distribution_ablation methods
+  at sweep.budgets with the other distribution, and the sweep.step_matched methods at
+  sweep.budgets trained for full data's steps (dist `<distribution>_steps`); every seed;
 * time (train metrics only): full data and sweep.time's methods at its budgets, across its
   GPU counts, distributions, seeds and models. A time run equal to an accuracy run is the
   same run (trained once). A run that is only timed keeps no model (train.keep_model
@@ -29,7 +30,7 @@ from itertools import product
 from typing import Any, Iterable
 
 from clusterft.pipeline.names import (BASE, FEATURE_KINDS, FULL, GRADIENT, LOSS, ORACLE,
-                                      TARGET_AWARE, features_of)
+                                      STEPS_SUFFIX, TARGET_AWARE, features_of, split_dist)
 from clusterft.plan.config import budget_label, settings, tasks_for
 
 RUN = "{dataset}/{model}/{method}-{budget}/g{gpus}-{dist}/s{seed}"
@@ -39,7 +40,7 @@ LABELS = "results/data/{dataset}/labels.parquet"
 BASE_EVAL = "results/eval/{dataset}/{model}/" + BASE + "/{name}"
 REPORT_TABLES = ["accuracy_vs_data", "time", "balance_cost", "skill_recovery",
                  "label_counts", "comparisons"]
-REPORT_PLOTS = ("accuracy_vs_data", "time")
+REPORT_PLOTS = ("accuracy_vs_data", "time", "comparisons")
 RUN_KEYS = ("dataset", "model", "method", "budget", "gpus", "dist", "seed")
 
 
@@ -79,6 +80,9 @@ class Sweep:
         cfg = self.cfg
         self.datasets = list(cfg["datasets"])
         self.models = list(cfg["models"])
+        # the dataset x model cells: a dataset's `models` (default all) restricts its runs
+        self.cells = [(d, m) for d in self.datasets for m in self.models
+                      if m in (cfg["datasets"][d].get("models") or self.models)]
         self.seeds = list(cfg["seeds"])
         self.fuse_seeds = bool(cfg["sweep"]["accuracy"]["fuse_seeds"])
         self.seeds_tag = "+".join(str(s) for s in self.seeds)
@@ -95,10 +99,11 @@ class Sweep:
         return (run["dataset"], run["model"], run["method"], str(run["budget"]),
                 int(run["gpus"]), run["dist"], int(run["seed"]))
 
-    def in_group(self, group: dict, method: str, model: str) -> bool:
-        """Whether an optional sweep group (curve, baselines, distribution_ablation) covers
-        this method on this model."""
-        return method in group["methods"] and model in group["models"]
+    def in_group(self, group: dict, method: str, model: str, dataset: str) -> bool:
+        """Whether an optional sweep group (curve, baselines, distribution_ablation,
+        step_matched) covers this method on this model and dataset."""
+        return (method in group["methods"] and model in group["models"]
+                and dataset in group["datasets"])
 
     def _accuracy_runs(self) -> Iterable[dict]:
         sweep = self.cfg["sweep"]
@@ -106,26 +111,37 @@ class Sweep:
         baselines, ablation = sweep["baselines"], sweep["distribution_ablation"]
         methods = list(sweep["methods"]) + [m for m in baselines["methods"]
                                             if m not in sweep["methods"]]
-        for dataset, model, seed, method in product(self.datasets, self.models, self.seeds,
-                                                    methods):
-            if method not in sweep["methods"] and not self.in_group(baselines, method, model):
+        for (dataset, model), seed, method in product(self.cells, self.seeds, methods):
+            if (method not in sweep["methods"]
+                    and not self.in_group(baselines, method, model, dataset)):
                 continue
             budgets = list(sweep["budgets"])
-            if self.in_group(curve, method, model):
+            if self.in_group(curve, method, model, dataset):
                 budgets += [b for b in curve["budgets"] if b not in budgets]
             dists = [acc["distribution"]]
-            if self.in_group(ablation, method, model):
+            if self.in_group(ablation, method, model, dataset):
                 dists.append(ablation["distribution"])
             for budget, dist in product([1.0] if method == FULL else sorted(budgets), dists):
                 if dist != acc["distribution"] and budget not in sweep["budgets"]:
                     continue
                 yield dict(dataset=dataset, model=model, method=method,
                            budget=budget_label(budget), gpus=acc["gpus"], dist=dist, seed=seed)
+        matched = sweep["step_matched"]
+        for (dataset, model), seed, method in product(self.cells, self.seeds,
+                                                      matched["methods"]):
+            if not self.in_group(matched, method, model, dataset):
+                continue
+            for budget in [1.0] if method == FULL else sorted(sweep["budgets"]):
+                yield dict(dataset=dataset, model=model, method=method,
+                           budget=budget_label(budget), gpus=acc["gpus"],
+                           dist=acc["distribution"] + STEPS_SUFFIX, seed=seed)
 
     def _time_runs(self) -> Iterable[dict]:
         t = self.cfg["sweep"]["time"]
-        for dataset, model, seed, gpus, dist in product(self.datasets, t["models"], t["seeds"],
-                                                        t["gpus"], t["distributions"]):
+        for (dataset, model), seed, gpus, dist in product(self.cells, t["seeds"], t["gpus"],
+                                                          t["distributions"]):
+            if model not in t["models"] or dataset not in t["datasets"]:
+                continue
             run = dict(dataset=dataset, model=model, gpus=gpus, dist=dist, seed=seed)
             yield dict(run, method=FULL, budget=budget_label(1.0))
             for method, budget in product(t["methods"], t["budgets"]):
@@ -152,9 +168,12 @@ class Sweep:
 
     # ----------------------------------------------------------------- report
     def run_role(self, run: dict, with_eval: bool) -> str:
-        """accuracy, ablation (an accuracy run with the other distribution) or time."""
+        """accuracy, ablation (an accuracy run with the other distribution), step_matched
+        (sweep.step_matched: trained for full data's steps) or time."""
         if not with_eval:
             return "time"
+        if split_dist(run["dist"])[1]:
+            return "step_matched"
         main = self.cfg["sweep"]["accuracy"]["distribution"]
         return "accuracy" if run["dist"] == main else "ablation"
 
@@ -178,7 +197,7 @@ class Sweep:
         runs += [{"dataset": d, "model": m, "method": BASE, "budget": 0.0, "seed": 0,
                   "eval_json": BASE_EVAL.format(dataset=d, model=m, name="results.json"),
                   "items": BASE_EVAL.format(dataset=d, model=m, name="items.parquet")}
-                 for d, m in product(self.datasets, self.models)]
+                 for d, m in self.cells]
         return runs
 
     def cluster_records(self) -> list[dict]:
@@ -187,7 +206,7 @@ class Sweep:
         return [{"dataset": d, "model": m, "seed": s, "features": k,
                  "clusters": CLUSTERS.format(dataset=d, model=m, kind=k, seed=s),
                  "labels": LABELS.format(dataset=d)}
-                for d, m, s, k in product(self.datasets, self.models, self.seeds, FEATURE_KINDS)]
+                for (d, m), s, k in product(self.cells, self.seeds, FEATURE_KINDS)]
 
     def report_inputs(self) -> dict[str, list[str]]:
         """The report rule's named inputs (its benchmarks: `overhead_benchmarks`)."""
@@ -195,7 +214,7 @@ class Sweep:
         return dict(
             evals=[run_path("eval", r, "results.json") for r in acc],
             base_evals=[BASE_EVAL.format(dataset=d, model=m, name="results.json")
-                        for d, m in product(self.datasets, self.models)],
+                        for d, m in self.cells],
             metrics=[run_path("train", r, "train_metrics.json") for r in self.runs],
             per_item=[run_path("eval", r, "items.parquet") for r in acc],
             selections=sorted({selection_path(r) for r in acc if r["method"] != FULL}),
@@ -287,8 +306,7 @@ class Sweep:
                             for r in trained)
         # features and clusters: every kind for the report, and what each selection reads
         clusters = [dict(dataset=d, model=m, kind=k, seed=s)
-                    for d, m, s, k in product(self.datasets, self.models, self.seeds,
-                                              FEATURE_KINDS)]
+                    for (d, m), s, k in product(self.cells, self.seeds, FEATURE_KINDS)]
         features = []
         for s in selections:
             kind = features_of(s["method"])
@@ -324,7 +342,7 @@ class Sweep:
 
         # evaluation: the accuracy runs and each base model
         evals = [("evaluate_base", dict(dataset=d, model=m))
-                 for d, m in product(self.datasets, self.models)]
+                 for d, m in self.cells]
         seed_evals = unique({k: r[k] for k in RUN_KEYS if k != "seed"}
                             for r in self.accuracy_runs if self.fused(r))
         if self.fuse_seeds and not eval_sharded:

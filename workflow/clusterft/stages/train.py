@@ -75,6 +75,7 @@ from clusterft.modeling.lengths import DEFAULT_CAP, DEFAULT_QUANTILE, is_auto, r
 from clusterft.modeling.lengths import check_keys as check_lengths
 
 FINETUNE = ("full", "lora")
+STEP_BUDGETS = ("selection", "pool")
 
 DEFAULTS: dict = {
     # full: train every weight; lora: train LoRA adapters on a frozen base (saved as a peft
@@ -99,6 +100,12 @@ DEFAULTS: dict = {
     # Passes over the selected data. A selection with E epoch subsets (RS2) trains epoch e on
     # subset e mod E: more epochs than E cycle through them, fewer use the first ones.
     "epochs": 3,
+    # What the epochs count: selection = `epochs` passes over the selection (the paper's
+    # protocol: a 31% selection takes 31% of full data's steps) | pool = as many optimiser
+    # steps as `epochs` passes over the WHOLE pool would take, cycling over the selection
+    # (the last pass cut short): the step-matched arm, where every budget gets full data's
+    # compute, so a difference between budgets is one of data, not of steps.
+    "step_budget": "selection",
     # Examples per rank per step (global batch = batch_size * world_size); ignored when
     # global_batch_size is set.
     "batch_size": 8,
@@ -137,6 +144,14 @@ DEFAULTS: dict = {
     # Apply the LM head only where a next token has a label (the response), for
     # architectures where that is exact (llama, mistral, qwen2, qwen3); false = full logits.
     "sparse_logits": True,
+    # Packed micro-batches (clusterft.modeling.packing): each rank's step examples
+    # concatenated into one row, position ids restarting per example and attention kept
+    # inside each (no padding; the same loss and gradient). auto (or null, the default):
+    # packed where that is exact (llama, mistral, qwen2, qwen3 without sliding window;
+    # flash-attn's varlen kernels on a CUDA GPU that has flash-attn, else sdpa over
+    # length-grouped blocks); true: packed or an error; false: padded micro-batches
+    # (group_cost_tokens). train_metrics.json records which ran (packing: true/false).
+    "packing": None,
     # Gradient-norm clip (0 disables).
     "grad_clip": 1.0,
     # LoRA settings (used when finetune: lora; keys in clusterft.modeling.lora).
@@ -179,6 +194,7 @@ DEFAULTS: dict = {
 def train_config(cfg: dict | None) -> dict:
     """Merge ``cfg`` over DEFAULTS; unknown keys and bad values raise InputError."""
     from clusterft.modeling import lora
+    from clusterft.modeling.packing import check_setting as check_packing
 
     out = merge_section(DEFAULTS, cfg, "train")
     if not isinstance(out["keep_model"], bool):
@@ -186,7 +202,8 @@ def train_config(cfg: dict | None) -> dict:
                          field="train.keep_model")
     for key, valid in (("finetune", FINETUNE), ("precision", PRECISIONS),
                        ("truncation", POLICIES), ("schedule", SCHEDULES),
-                       ("backend", BACKENDS), ("device", DEVICES)):
+                       ("backend", BACKENDS), ("device", DEVICES),
+                       ("step_budget", STEP_BUDGETS)):
         if out[key] not in valid:
             raise InputError(f"{key} must be one of {'|'.join(valid)}, got '{out[key]}'",
                              field=f"train.{key}")
@@ -199,6 +216,7 @@ def train_config(cfg: dict | None) -> dict:
         raise InputError(f"global_batch_size must be a positive integer or null, got {gbs!r}",
                          field="train.global_batch_size")
     lora.check(out["lora"], "train.lora")
+    out["packing"] = check_packing(out["packing"], "train.packing")
     if int(out["gpus_per_node"]) < 0:
         raise InputError(f"gpus_per_node must be >= 0 (0: one node), got {out['gpus_per_node']}",
                          field="train.gpus_per_node")
@@ -212,6 +230,27 @@ def train_config(cfg: dict | None) -> dict:
                              "checkpointed and resumed yet; set checkpoint_every: 0 or fsdp: false",
                              field="train.checkpoint_every")
     return out
+
+
+def step_plan(subset_steps: list[int], epochs: int, steps: int | None = None) -> list[int]:
+    """Steps of each training epoch: ``epochs`` passes (epoch e over subset e mod the
+    subsets), or, given ``steps``, as many passes as make ``steps`` in all, the last one cut
+    short (a pass of 0 steps, from an empty subset, cannot reach them)."""
+    if steps is None:
+        return [subset_steps[e % len(subset_steps)] for e in range(epochs)]
+    if steps < 1 or not any(subset_steps):
+        raise InputError(f"cannot train {steps} steps over subsets of {subset_steps} steps",
+                         field="train.step_budget")
+    out: list[int] = []
+    while sum(out) < steps:
+        out.append(min(subset_steps[len(out) % len(subset_steps)], steps - sum(out)))
+    return out
+
+
+def pool_steps(n_pool: int, cfg: dict, world_size: int) -> int:
+    """Optimiser steps of ``cfg['epochs']`` passes over a whole pool of ``n_pool`` examples
+    (step_budget: pool): what full data trains, at this batch size."""
+    return int(cfg["epochs"]) * math.ceil(n_pool / (rank_batch_size(cfg, world_size) * world_size))
 
 
 def rank_batch_size(cfg: dict, world_size: int) -> int:
@@ -285,16 +324,20 @@ def load_model(model_dir: str, cfg: dict, device=None):
 
 def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg: dict, d: Dist,
                distribution: str, seed: int, ckpt_dir: Path | None = None,
-               run_name: str = "train", subsets: list[np.ndarray] | None = None) -> dict:
+               run_name: str = "train", subsets: list[np.ndarray] | None = None,
+               steps: int | None = None) -> dict:
     """Fine-tune ``model`` in place on ``examples``; returns the metrics (same on every rank).
     ``subsets`` (RS2): per selection epoch, indices into ``examples``; training epoch e
     trains on subset ``e mod len(subsets)`` (None: every epoch on all of ``examples``).
+    ``steps``: train exactly this many optimiser steps (``step_plan``) instead of
+    ``cfg['epochs']`` passes.
     A loss or gradient that stops being finite raises DivergedError naming ``run_name``."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from clusterft.modeling.microbatch import CausalLMLoss, backward_step, label_count
     from clusterft.modeling.optim import CLIP_OR_FP32, adamw, check_finite
+    from clusterft.modeling.packing import resolve_packing
     from clusterft.pipeline.pace import Pace
     from clusterft.sampler import epoch_batches, make_sampler
     from clusterft.modeling.tokenize import Collator
@@ -311,8 +354,8 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     counts = gather_object(d, subset_steps)
     if any(c != counts[0] for c in counts):
         raise RuntimeError(f"ranks disagree on steps per epoch: {counts} (sampler bug)")
-    epochs = int(cfg["epochs"])
-    epoch_steps = [subset_steps[e % len(views)] for e in range(epochs)]
+    epoch_steps = step_plan(subset_steps, int(cfg["epochs"]), steps)
+    epochs = len(epoch_steps)
     total_steps = sum(epoch_steps)
     if total_steps == 0:
         raise InputError("no training steps (selection smaller than one batch with drop_last)",
@@ -324,8 +367,10 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     if cfg["gradient_checkpointing"]:
         enable_gradient_checkpointing(model)
     fsdp = bool(cfg["fsdp"])
+    packed = resolve_packing(cfg["packing"], model)
     if fsdp:  # the optimiser must see the sharded parameters
-        loss_fn = shard(CausalLMLoss(model, sparse_logits=bool(cfg["sparse_logits"])), model)
+        loss_fn = shard(CausalLMLoss(model, sparse_logits=bool(cfg["sparse_logits"]),
+                                     packing=packed), model)
         params = [p for p in loss_fn.parameters() if p.requires_grad]
     else:
         params = [p for p in model.parameters() if p.requires_grad]
@@ -352,7 +397,7 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     if fsdp:
         ddp = loss_fn  # FSDP reduce-scatters (averages) each micro-batch's gradient shards
     else:
-        loss_fn = CausalLMLoss(model, sparse_logits=bool(cfg["sparse_logits"]))
+        loss_fn = CausalLMLoss(model, sparse_logits=bool(cfg["sparse_logits"]), packing=packed)
         ddp = DDP(loss_fn, device_ids=[d.device.index] if d.device.type == "cuda" else None) \
             if d.initialized else loss_fn
     pad_multiple = int(cfg["pad_to_multiple_of"])
@@ -373,6 +418,7 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
         batches = [] if sampler is None else epoch_batches(sampler, epoch, bs)
         if subsets is not None:
             batches = [view[b].tolist() for b in batches]
+        batches = batches[:epoch_steps[epoch]]  # the last pass of a step budget is cut
         first = start_batch if epoch == start_epoch else 0 if epoch > start_epoch else len(batches)
         for done in batches[:first]:
             drawn[epoch].update(done)
@@ -388,7 +434,7 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
             loss_val, real, padded = backward_step(
                 ddp, step_examples, collate, float(cfg["group_cost_tokens"]), d.device,
                 precision == "bf16", no_sync=ddp.no_sync if d.initialized and not fsdp else None,
-                denom=denom, pad_to_multiple_of=pad_multiple)
+                denom=denom, pad_to_multiple_of=pad_multiple, packed=packed)
             # The gradients are summed over the ranks by now, so every rank sees the same norm
             # and stops together (a NaN loss on one rank makes every rank's gradient NaN).
             if float(cfg["grad_clip"]) > 0:
@@ -424,11 +470,14 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     barrier(d)
     log["wall_time_s"] += time.perf_counter() - t_loop
     pace.close()
+    loss_fn.release()  # the model's attention as it was before packing
     metrics = summarize(log, cfg, d, distribution, len(views[0]), epoch_steps, epochs, step,
                         resumed_from, stopped_early)
     metrics.update(drawn_metrics(gather_object(d, [sorted(s) for s in drawn]), examples))
     metrics["selection_epochs"] = None if subsets is None else len(subsets)
+    metrics["step_budget"] = cfg["step_budget"]
     metrics["precision"] = precision
+    metrics["packing"] = packed  # packed rows (true) or padded micro-batches (false)
     metrics["trainable_params_per_rank"] = held
     metrics["fsdp"], metrics["gradient_checkpointing"] = fsdp, bool(cfg["gradient_checkpointing"])
     metrics["hardware"] = hardware.describe()
@@ -584,8 +633,11 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
         model = load_model(model_dir, cfg, d.device)
         seed_everything(seed * 1000 + d.rank)  # per-rank dropout streams
         ckpt_dir = Path(str(out_dir).rstrip("/") + ".ckpt") if int(cfg["checkpoint_every"]) > 0 else None
+        steps = (pool_steps(len(load_pool(pool)), cfg, d.world_size)
+                 if cfg["step_budget"] == "pool" else None)
         metrics = train_loop(model, tokenizer, examples, clusters, cfg, d, distribution, seed,
-                             ckpt_dir, run_name=f"train {out_dir}", subsets=subsets)
+                             ckpt_dir, run_name=f"train {out_dir}", subsets=subsets,
+                             steps=steps)
         if cfg["fsdp"] and cfg["keep_model"]:  # kept no model: its sizes are the DTensors'
             model = unsharded_copy(model, model_dir, cfg)
         metrics.update({

@@ -91,7 +91,7 @@ def dataset_keys() -> tuple[dict, dict[str, str]]:
     keys: dict[str, Any] = {}
     docs: dict[str, str] = {}
     for mod in ("clusterft.stages.data.prepare", "clusterft.pools", "clusterft.pools.skills",
-                "clusterft.pools.pycode", "clusterft.pools.icd10"):
+                "clusterft.pools.pycode", "clusterft.pools.icd10", "clusterft.pools.cipher"):
         docs.update({k: v for k, v in comments(mod).items() if v and k not in docs})
     for source, d in data.DEFAULTS.items():
         for k, v in d.items():

@@ -70,6 +70,7 @@ from clusterft.analysis.costmodel import (DEFAULT_MFU, DEFAULT_STEP_OVERHEAD_S, 
                                           flops_per_token, lora_matrices, projection_work,
                                           token_plan)
 from clusterft.pipeline.errors import InputError
+from clusterft.pipeline.names import STEPS_SUFFIX
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -303,7 +304,9 @@ class Estimator:
         time_epochs = self.cfg["sweep"]["time"]["epochs"]
         if time_epochs is not None and not evaluated:
             epochs = int(time_epochs)
-        n_sel = max(1, round(float(w["budget"]) * self.pool(ds)))
+        # the step-matched arm (dist <distribution>_steps) trains full data's steps
+        fraction = 1.0 if str(w.get("dist", "")).endswith(STEPS_SUFFIX) else float(w["budget"])
+        n_sel = max(1, round(fraction * self.pool(ds)))
         bs = rank_batch_size(tcfg, gpus)
         steps = epochs * math.ceil(n_sel / (bs * gpus))
         return steps * self.mean_step_seconds(ds, model, gpus, w["dist"], bs, n_sel)

@@ -81,7 +81,7 @@ DEFAULTS: dict[str, dict] = _defaults()
 # Keys the workflow config may carry for any dataset; ignored where the source has no use
 # for them (e.g. items_per_task / val_per_task for a user's own pool, which has no benchmark
 # tasks). val_per_task (validation items per task) is documented in clusterft.pools.skills.
-PASSTHROUGH_KEYS = ("domain", "source", "items_per_task", "val_per_task")
+PASSTHROUGH_KEYS = ("domain", "source", "items_per_task", "val_per_task", "models")
 # Keys whose value is a mapping of the user's own keys.
 FREE_MAPPINGS = ("columns", "data_files")
 
@@ -98,6 +98,10 @@ def merge_cfg(source: str, cfg: Mapping[str, Any] | None, dataset: str | None = 
         val_count(cfg, f"datasets.{dataset or source}")
     out = copy.deepcopy(DEFAULTS[source])
     out.update({k: v for k, v in cfg.items() if k in out})
+    module = get_pool_module(source) if source in POOL_NAMES else None
+    if hasattr(module, "check"):  # cross-field rules of a generator, before any work
+        module.check({**out, **{k: cfg[k] for k in ("val_per_task",) if k in cfg}},
+                     f"datasets.{dataset or source}")
     return out
 
 
