@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from clusterft.pipeline.names import STEPS_LABEL
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,29 +58,43 @@ def planned_rules(workdir: Path, *args: str, configfile: Path = SMOKE) -> dict[s
 def test_outputs_exist_and_are_real(smoke_run: Path) -> None:
     tables = smoke_run / "results" / "tables"
     acc = pd.read_csv(tables / "accuracy_vs_data.csv")
-    assert set(acc["dataset"]) == {"skills", "icd10"}
+    assert set(acc["dataset"]) == {"skills", "icd10", "cipher"}
     assert {"full", "random", "cluster"} <= set(acc["method"])
+    # the step-matched arm, on the testbed only: rows of their own beside the protocol's
+    steps = acc[acc["method"].str.endswith(STEPS_LABEL)]
+    assert set(zip(steps["dataset"], steps["method"])) == {
+        ("cipher", "random" + STEPS_LABEL), ("cipher", "oracle" + STEPS_LABEL)}
     assert acc["average_mean"].between(0, 1).all()
     time = pd.read_csv(tables / "time.csv")
     assert set(time["distribution"]) == {"random", "balanced"}
     assert (time["wall_time_s_mean"] > 0).all()
-    for d in ("skills", "icd10"):
-        for p in ("accuracy_vs_data", "time"):
+    for d in ("skills", "icd10", "cipher"):
+        for p in ("accuracy_vs_data", "time", "comparisons"):
             png = smoke_run / "results" / "plots" / f"{p}_{d}.png"
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     runs = [(p.parent.parent.name, json.loads(p.read_text()))
             for p in (smoke_run / "results" / "train").rglob("train_metrics.json")]
     # g1-random: the distribution ablation (the method's selection, shuffled batches)
-    assert {run for run, _ in runs} == {"g1-balanced", "g1-random", "g2-balanced", "g2-random"}
+    # g1-balanced_steps: the step-matched arm (full data's steps)
+    assert {run for run, _ in runs} == {"g1-balanced", "g1-random", "g2-balanced", "g2-random",
+                                        "g1-balanced_steps"}
     for run, metrics in runs:  # accuracy runs on one rank, time runs on 2 under torchrun
         assert metrics["world_size"] == (1 if run.startswith("g1") else 2) and metrics["steps"] > 0
         assert metrics["backend"] == (None if run.startswith("g1") else "gloo")
+        assert metrics["step_budget"] == ("pool" if run.endswith("_steps") else "selection")
+        assert metrics["distribution"] == run.split("-")[1].removesuffix("_steps")
+    full = {json.loads(p.read_text())["steps"] for p in (smoke_run / "results" / "train" / "cipher"
+                                                          ).glob("tiny/full-1/g1-balanced/s0/train_metrics.json")}
+    matched = {json.loads(p.read_text())["steps"] for p in (smoke_run / "results" / "train" / "cipher"
+                                                             ).glob("tiny/*-0.31/g1-balanced_steps/s0/train_metrics.json")}
+    assert len(full) == 1 and matched == full  # every step-matched run trains full data's steps
     # every pool x every benchmark task of every dataset, nothing overlapping left
     cont = pd.read_csv(tables / "contamination.csv")
     from clusterft.tasks.registry import TASKS
 
-    tasks = {t for t, spec in TASKS.items() if spec.dataset in ("skills", "icd10")}
-    assert set(zip(cont["dataset"], cont["task"])) == {(d, t) for d in ("skills", "icd10") for t in tasks}
+    datasets = ("skills", "icd10", "cipher")
+    tasks = {t for t, spec in TASKS.items() if spec.dataset in datasets}
+    assert set(zip(cont["dataset"], cont["task"])) == {(d, t) for d in datasets for t in tasks}
     assert (cont["remaining"] == 0).all() and (cont["action"] == "drop").all()
     # every rule wrote a log and a benchmark file
     for rule in ("prepare_data", "decontaminate", "score", "features", "cluster", "select",
@@ -94,7 +110,8 @@ def test_every_method_feature_kind_and_verdict_table(smoke_run: Path) -> None:
 
     tables = smoke_run / "results" / "tables"
     acc = pd.read_csv(tables / "accuracy_vs_data.csv")
-    assert set(acc["method"]) == set(METHODS) | {"base"}
+    assert set(acc["method"]) == set(METHODS) | {"base"} | {
+        m + STEPS_LABEL for m in ("random", "oracle")}
     assert sorted(acc[(acc["method"] == "cluster") & (acc["dataset"] == "skills")]["fraction"]) \
         == [0.31, 0.5]  # the curve
     sr = pd.read_csv(tables / "skill_recovery.csv")
@@ -110,7 +127,7 @@ def test_every_method_feature_kind_and_verdict_table(smoke_run: Path) -> None:
     assert (cmp["ci_low"] <= cmp["diff"]).all() and (cmp["diff"] <= cmp["ci_high"]).all()
     claims = (tables / "claims.md").read_text()
     for claim in ("accuracy kept at 31% of the data", "training time cut",
-                  "better than usual selection", "power line (diagnosis)",
+                  "better than usual selection", "power line (diagnosis)", "positive control",
                   "skill recovery (diagnosis)", "rare skills kept (diagnosis)"):
         assert claim in claims, claim
     # RS2 wrote one subset per training epoch; LESS and RDS+ read the validation split
@@ -146,7 +163,7 @@ def test_changing_k_reruns_cluster_onward_not_score(smoke_run: Path, tmp_path: P
     edited = tmp_path / "config.yaml"
     edited.write_text(yaml.safe_dump(cfg))  # keys re-sorted too: key order must not matter
     plan = planned_rules(smoke_run, configfile=edited)
-    assert plan.get("cluster") == 8  # one per dataset x model x seed x feature kind
+    assert plan.get("cluster") == 12  # one per dataset x model x seed x feature kind
     # one-rank accuracy runs: fused seed jobs (sweep.accuracy.fuse_seeds); time runs: train
     assert {"select", "train_seeds", "train", "evaluate_seeds", "report"} <= set(plan)
     assert not {"score", "prepare_data", "decontaminate", "contamination_table", "base_model", "tokenizer",
@@ -174,8 +191,9 @@ def test_fused_seeds_plan_one_job_per_run_for_all_seeds(smoke_run: Path, tmp_pat
     out = snakemake(smoke_run, "-n", "-p", configfile=cfg)
     text = out.stdout + out.stderr
     plan = planned_rules(smoke_run, configfile=cfg)
-    # per dataset: 10 methods at 0.31, the curve's 2 at 0.5, the ablation's 1 (2 datasets)
-    assert plan["train_seeds"] == plan["evaluate_seeds"] == 2 * (10 + 2 + 1)
+    # per dataset: 10 methods at 0.31, the curve's 2 at 0.5, the ablation's 1 (3 datasets),
+    # and the step-matched arm's 2 on the testbed
+    assert plan["train_seeds"] == plan["evaluate_seeds"] == 3 * (10 + 2 + 1) + 2
     # the time runs (seed 0, 2 ranks: train jobs) are done; no one-seed job at one rank
     assert "train" not in plan and "evaluate" not in plan
     run = "skills/tiny/cluster-0.31/g1-balanced"
