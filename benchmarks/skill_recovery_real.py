@@ -47,6 +47,8 @@ sys.path.insert(0, str(ROOT / "workflow"))
 
 import numpy as np  # noqa: E402
 
+from clusterft.pools import POOL_NAMES  # noqa: E402
+
 KINDS = ("gradient", "embedding", "tfidf", "loss")
 SMOKE = {"n": 6, "warmup_steps": 2, "loss_points": 2, "batch_size": 4, "max_length": 64}
 
@@ -199,9 +201,14 @@ def main(argv=None) -> int:
 
     rows = []
     for name in [p.strip() for p in args.pools.split(",") if p.strip()]:
-        if name not in cfg["datasets"]:
-            raise SystemExit(f"--pools: no dataset {name!r} in {args.config}")
-        records, labels = pool_subset(name, cfg["datasets"][name], args.n,
+        # a built-in generator the config does not list (e.g. skills, retired from the
+        # embedded default) runs with its own defaults
+        spec = cfg["datasets"].get(name) or (
+            {"source": name, "domain": "programming", "n": 2000} if name in POOL_NAMES else None)
+        if spec is None:
+            raise SystemExit(f"--pools: no dataset {name!r} in {args.config} and no built-in "
+                             f"pool of that name ({', '.join(POOL_NAMES)})")
+        records, labels = pool_subset(name, spec, args.n,
                                       int(cfg.get("data_seed", 0)), args.seed, out)
         n_labels = len(np.unique(labels))
         feats, secs, info = featurise(model, tok, records, score_cfg, feat_cfg, args.seed)

@@ -118,7 +118,7 @@ def tiny_pool_path(tmp_path_factory, tiny_pool) -> Path:
 # The three built-in datasets at test sizes (default task-item counts), prepared once per
 # session: test_pools checks the pools, test_tasks the items drawn beside them.
 PREPARED_SIZES = {"skills": {"n": 2000}, "pycode": {"n": 2100},
-                  "icd10": {"n": 2000, "min_examples": 500}}
+                  "icd10": {"n": 2000, "min_examples": 500}, "cipher": {"n": 2000}}
 
 
 @pytest.fixture(scope="session")

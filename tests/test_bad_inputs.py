@@ -196,7 +196,7 @@ CONFIG = [
     ("budget_above_one", "sweep.budgets.1", "1.5", r"1.5 is greater than the maximum of 1"),
     ("gpus_zero", "sweep.accuracy.gpus", "gpus", r"0 is less than the minimum of 1"),
     ("time_gpus_negative", "sweep.time.gpus.1", "-1", r"-1 is less than the minimum of 1"),
-    ("k_larger_than_n", "datasets.icd10.n", "n:", r"cluster.k = 500 is larger than the pool size n = 400"),
+    ("k_larger_than_n", "datasets.cipher.n", "n:", r"cluster.k = 500 is larger than the pool size n = 200"),
     ("k_larger_than_jsonl", "cluster.k", "k:",
      r"cluster.k = 4 is larger than the pool of dataset 'mine': .*small_pool.jsonl holds 3 records"),
     ("model_path_missing", "models.tiny.path", "path:",

@@ -87,10 +87,11 @@ def test_gpu_hours_arithmetic_on_a_small_config(tmp_path: Path) -> None:
     assert jobs["train"] == 4
     assert gpu["train"] == pytest.approx(2 * 4 * (100 + 50) * step * 4 / 3600, rel=1e-9)
     # score: warm-up 5% x 4 epochs (LoRA), 1 gradient pass (LoRA), 5 loss points (2N), and
-    # the dense projection of the pass: D = 32 layers x 4 modules x r 8 x (4096 + 4096)
-    # LoRA weights, 2 D dim FLOPs per example, D dim draws per batch of 16
+    # the dense projection of the pass: D = 32 layers x r 8 x (in + out) LoRA weights of the
+    # score stage's modules (q/k/v/o 4096 + 4096; gate/up/down 4096 + 11008), 2 D dim FLOPs
+    # per example, D dim draws per batch of 16
     pool_tokens = 6400 * tpe
-    D, dim = 32 * 4 * 8 * (4096 + 4096), 8192
+    D, dim = 32 * 8 * (4 * (4096 + 4096) + 3 * (4096 + 11008)), 8192
     projection = 2 * D * dim * 6400 * per_flop + D * dim * (6400 // 16) / DRAWS_PER_SECOND
     assert jobs["score"] == 1
     assert gpu["score"] == pytest.approx(

@@ -165,7 +165,11 @@ def test_evaluate_section_values_are_checked_with_field_names(tmp_path):
 
 
 def _dry_run(tmp_path: Path, evaluate: dict) -> str:
+    """The smoke config without its testbed (one task per run: nothing to shard) and the
+    testbed's step-matched arm."""
     doc = yaml.safe_load(SMOKE.read_text())
+    doc["datasets"].pop("cipher")
+    doc["sweep"].pop("step_matched")
     doc["evaluate"] = evaluate
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "config.yaml"
@@ -213,6 +217,8 @@ def test_workflow_runs_shards_and_merges_like_one_job(tmp_path, tiny_model_dir,
     base model's evaluation in 2 shard jobs and a merge, equal to run_evaluate in one go."""
     doc = yaml.safe_load(SMOKE.read_text())
     doc["datasets"] = {"skills": {**doc["datasets"]["skills"], "n": 120, "items_per_task": 10}}
+    doc["sweep"].pop("step_matched")  # the testbed's arm: no testbed here
+    doc["sweep"]["time"]["datasets"] = ["skills"]
     doc["tasks"] = {"items_per_task": 10}
     doc["tokenizer"] = {"source": "path", "path": str(tiny_tokenizer_dir)}
     doc["models"] = {"tiny": {"source": "path", "path": str(tiny_model_dir)}}

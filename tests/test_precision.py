@@ -112,7 +112,7 @@ def test_embedded_config_has_no_bf16_and_resolves_every_run_to_fp32(tmp_path, mo
     # every train job of the sweep: train (time runs) and train_seeds (a run's 3 seeds)
     jobs = dict(re.findall(r"^(train\w*)\s+(\d+)\s*$", out.stdout + out.stderr, re.M))
     assert set(jobs) == {"train", "train_seeds"}
-    assert len(cmds) == sum(int(n) for n in jobs.values()) > 50
+    assert len(cmds) == sum(int(n) for n in jobs.values()) > 30
     from clusterft.stages.train import DEFAULTS as TRAIN
 
     for c in cmds:

@@ -215,12 +215,14 @@ def test_no_per_example_weight_gradient_is_formed(warmed):
                     self.seen.add(tuple(t.shape))
             return out
 
-    proj = make_projector(pm, merge_cfg({**KRON, "dim": 256}), 0)
+    # dim 200: no LoRA matrix of the tiny model has 200 entries (r x 32 or r x 64 do), so a
+    # (b, dim) row block cannot be mistaken for a flattened per-example gradient
+    proj = make_projector(pm, merge_cfg({**KRON, "dim": 200}), 0)
     with Shapes() as kron:
         rows = grads_hook_kronecker(pm, batch, proj)
     with Shapes() as dense:
         per_example_grads(pm, batch, "hook")
-    assert rows.shape == (b, 256)
+    assert rows.shape == (b, 200)
     assert kron.seen and not kron.seen & bad, kron.seen & bad
     assert dense.seen & bad  # the detector works
 
@@ -244,7 +246,8 @@ def test_compute_features_kronecker(tiny_model_dir, tok, tiny_pool):
     with pytest.raises(InputError, match="score.projection"):
         compute_features(_fresh(tiny_model_dir), tok, pool, {**KRON, "gradient_type": "adam"})
     model = _fresh(tiny_model_dir)
-    with pytest.raises(InputError, match=r"score.dim.*\(16\)"):  # 16 LoRA matrices
+    # 28 LoRA matrices: A and B of q/k/v/o and gate/up/down in 2 layers
+    with pytest.raises(InputError, match=r"score.dim.*\(28\)"):
         compute_features(model, tok, pool, {**KRON, "dim": 15})
     assert all(p.requires_grad for p in model.parameters())  # left as it was
 

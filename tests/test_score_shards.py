@@ -229,7 +229,7 @@ def test_cli_runs_warmup_shards_and_merge(tmp_path, tiny_model_dir, inputs, unsh
 
 @pytest.mark.parametrize("value, match", [
     (0, "must be an integer >= 1"), ("2", "must be an integer >= 1"),
-    (401, r"larger than the pool of dataset 'skills' \(400 examples\)")])
+    (201, r"larger than the pool of dataset 'cipher' \(200 examples\)")])
 def test_config_check_names_score_shards(value, match):
     from clusterft.plan.config import check_config
 
@@ -238,7 +238,7 @@ def test_config_check_names_score_shards(value, match):
     with pytest.raises(InputError, match=match) as e:
         check_config(cfg, source="my.yaml")
     assert "score.shards" in str(e.value) and "my.yaml" in str(e.value)
-    cfg["score"]["shards"] = 400
+    cfg["score"]["shards"] = 200  # the smallest pool of the smoke config (the testbed's)
     check_config(cfg)
 
 

@@ -193,7 +193,7 @@ def test_runs_that_are_only_timed_keep_no_model_and_nothing_reads_it() -> None:
                 assert plan.is_accuracy(run), j
     embedded = Sweep(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
     assert sum(j["rule"] == "train" and embedded.is_time_only(j["wildcards"])
-               for j in embedded.jobs()) == 24  # 2 and 4 GPUs x 2 distributions x 6 runs
+               for j in embedded.jobs()) == 8  # 2 and 4 GPUs x 2 distributions x 2 runs (pycode)
     paper = Sweep(yaml.safe_load((ROOT / "config" / "paper.yaml").read_text()))
     train = [j for j in paper.jobs() if j["rule"] == "train"]
     assert (len(train), sum(paper.is_time_only(j["wildcards"]) for j in train)) == (432, 54)  # 72 of them LESS and RDS+ (7B)
@@ -234,6 +234,7 @@ def variants(tmp_path: Path) -> list[Path]:
     cfg["sweep"]["accuracy"]["fuse_seeds"] = False
     cfg["sweep"]["methods"] = ["full", "random", "cluster"]
     cfg["sweep"]["baselines"] = {"methods": ["s2l", "less"]}
+    cfg["sweep"]["step_matched"] = {"methods": ["random"], "datasets": ["cipher"]}
     cfg["sweep"]["time"].update(methods=["cluster", "rs2"], epochs=1, seeds=[0, 3])
     sharded = tmp_path / "sharded.yaml"
     sharded.write_text(yaml.safe_dump(cfg), encoding="utf-8")

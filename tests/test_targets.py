@@ -52,8 +52,8 @@ def test_val_records_render_to_the_evaluated_prompt(prepared_root):
             assert prompt == it["prompt"] and render_prompt(rec["messages"]) == it["prompt"]
             if spec.output_type == "multiple_choice":
                 assert response == it["choices"][it["label"]]
-            else:  # the response a pool example of the task has: skills' start with a space
-                prefix = " " if spec.dataset == "skills" else ""
+            else:  # a pool example's response: skills and cipher ones start with a space
+                prefix = " " if spec.dataset in ("skills", "cipher") else ""
                 assert response == prefix + it["answer"]
     # the skills generation records look like the skills pool's responses
     pool = load_pool(root / "skills" / "pool.jsonl")

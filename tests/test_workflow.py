@@ -66,7 +66,8 @@ def test_outputs_exist_and_are_real(smoke_run: Path) -> None:
         ("cipher", "random" + STEPS_LABEL), ("cipher", "oracle" + STEPS_LABEL)}
     assert acc["average_mean"].between(0, 1).all()
     time = pd.read_csv(tables / "time.csv")
-    assert set(time["distribution"]) == {"random", "balanced"}
+    # balanced_steps: the step-matched arm's runs, timed like the rest under their own label
+    assert set(time["distribution"]) == {"random", "balanced", "balanced_steps"}
     assert (time["wall_time_s_mean"] > 0).all()
     for d in ("skills", "icd10", "cipher"):
         for p in ("accuracy_vs_data", "time", "comparisons"):
