@@ -217,7 +217,7 @@ def test_every_job_of_the_run_went_through_sbatch(slurm_smoke: dict) -> None:
     SLURM's record."""
     recs, plan, text = slurm_smoke["records"], slurm_smoke["plan"], slurm_smoke["log"]
     assert plan["train"] > 0 and plan["train_seeds"] > 0 and plan["evaluate_seeds"] > 0
-    assert plan["evaluate_base"] > 0 and plan["score"] > 0
+    assert plan["score"] > 0 and (PART or plan["evaluate_base"] > 0)  # part: no base eval
     completed = Counter(r["rule"] for r in recs if r["JobState"] == "COMPLETED")
     assert completed == plan - Counter({"all": plan["all"]}), (completed, plan)
     failed = [r for r in recs if r["JobState"] != "COMPLETED"]
