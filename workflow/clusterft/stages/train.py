@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import hashlib
 import math
 import os
@@ -627,13 +628,15 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
         seed_everything(seed)
         tokenizer = load_tokenizer(model_dir)
         # max_length auto: from the whole pool, the same on every rank (and in score)
-        cfg, lengths = resolve_lengths(cfg, "train", tokenizer, lambda: load_pool(pool),
+        # the whole pool, read at most once: max_length auto and step_budget pool need it
+        pool_records = functools.cache(lambda: load_pool(pool))
+        cfg, lengths = resolve_lengths(cfg, "train", tokenizer, pool_records,
                                        model_dir)
         examples, clusters, rejected, subsets = load_selection(tokenizer, pool, selection, cfg)
         model = load_model(model_dir, cfg, d.device)
         seed_everything(seed * 1000 + d.rank)  # per-rank dropout streams
         ckpt_dir = Path(str(out_dir).rstrip("/") + ".ckpt") if int(cfg["checkpoint_every"]) > 0 else None
-        steps = (pool_steps(len(load_pool(pool)), cfg, d.world_size)
+        steps = (pool_steps(len(pool_records()), cfg, d.world_size)
                  if cfg["step_budget"] == "pool" else None)
         metrics = train_loop(model, tokenizer, examples, clusters, cfg, d, distribution, seed,
                              ckpt_dir, run_name=f"train {out_dir}", subsets=subsets,
