@@ -73,6 +73,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--train", default="{}", help="train section overrides (JSON)")
+    ap.add_argument("--distribution", default="balanced",
+                    help="how each step's examples are dealt (balanced: every step a mix of "
+                         "the selection's clusters, here the true ciphers; random)")
     ap.add_argument("--out", required=True, help="JSONL of results (appended)")
     args = ap.parse_args(argv)
 
@@ -118,11 +121,13 @@ def main(argv=None) -> int:
                                                                     path, cfg)
                     model = load_model(args.model, cfg, d.device)
                     t0 = time.perf_counter()
-                    m = train_loop(model, tokenizer, examples, clusters, cfg, d, "balanced", seed)
+                    m = train_loop(model, tokenizer, examples, clusters, cfg, d, args.distribution,
+                                   seed)
                     wall = time.perf_counter() - t0
                     acc, per = greedy_exact(model, tokenizer, items)
                     counts = np.bincount(truth[rows], minlength=truth.max() + 1)
                     rec = {"shape": shape, "arm": arm, "protocol": protocol, "seed": seed,
+                           "distribution": args.distribution, "model": args.model,
                            "n_selected": int(len(rows)), "steps": m["steps"],
                            "train_s": round(wall, 1), "acc": round(acc, 4),
                            "macro": round(float(np.mean(list(per.values()))), 4),
