@@ -34,3 +34,10 @@ rule all:
     input:
         PLAN.report_outputs(),
         CONTAMINATION_TABLE,
+
+
+# A first result in minutes: one testbed cell (sweep.quick) end to end, its claims in
+# results/quick/tables/claims.md. A sub-DAG of `all`: the full run reuses every job.
+rule quick:
+    input:
+        PLAN.quick_outputs(),

@@ -273,3 +273,90 @@ def test_jobs_are_those_of_the_dry_run(tmp_path: Path) -> None:
         assert trained <= printed, config.name
         assert {run_path("eval", r, "results.json") for r in plan.accuracy_runs} <= printed
         assert not {p for p in printed if p.endswith("train_metrics.json")} - trained
+
+
+# ------------------------------------------------------------------ the quick target
+
+def quick_config(**quick) -> dict:
+    """small() with a testbed (cipher, on model b only) and the oracle as a baseline."""
+    cfg = small(baselines={"methods": ["oracle"]})
+    cfg["datasets"]["cipher"] = {"domain": "programming", "source": "cipher", "n": 200,
+                                 "n_skills": 4, "n_words": 6, "words_per_example": 3,
+                                 "items_per_skill": 10, "held_out": 30, "models": ["b"]}
+    cfg["sweep"]["methods"] = ["full", "random", "cluster"]
+    if quick:
+        cfg["sweep"]["quick"] = quick
+    return cfg
+
+
+def test_quick_is_one_cell_of_the_same_runs() -> None:
+    plan = Sweep({**quick_config(), "report": {"claim_budget": 0.5}})
+    q = plan.quick()
+    # the testbed is chosen (not the first dataset), on its first (only) model
+    assert plan.quick_cell() == ("cipher", "b") and q.cells == [("cipher", "b")]
+    # full at 1, random, oracle and cluster at the claim budget
+    keys = {plan.key(r) for r in plan.runs}
+    assert {(r["method"], r["budget"]) for r in q.accuracy_runs} == {
+        ("full", "1"), ("random", "0.5"), ("oracle", "0.5"), ("cluster", "0.5")}
+    assert len(q.accuracy_runs) == 4 * 2  # x 2 seeds
+    assert all(plan.key(r) in keys for r in q.runs) and q.time_runs == []
+    inputs = q.report_inputs()
+    whole = plan.report_inputs()
+    for name, paths in inputs.items():  # the same files the whole report reads
+        assert set(paths) <= set(whole[name]), name
+    assert len(inputs["clusters"]) == 2 * 4  # seeds x feature kinds, one cell
+    records = q.run_records()
+    assert {(r["dataset"], r["model"]) for r in records} == {("cipher", "b")}
+    assert {r["method"] for r in records} == {"full", "random", "oracle", "cluster", "base"}
+    # the whole plan is untouched by the view
+    assert len(plan.cells) == 5 and len(plan.accuracy_runs) > len(q.accuracy_runs)
+
+
+def test_quick_settings_and_their_errors() -> None:
+    from clusterft.pipeline.errors import InputError
+
+    cfg = {**quick_config(dataset="icd10", model="a", methods=["full", "cluster"]),
+           "report": {"claim_budget": 0.25}}
+    q = Sweep(cfg).quick()
+    assert {(r["dataset"], r["model"], r["method"]) for r in q.accuracy_runs} == {
+        ("icd10", "a", "full"), ("icd10", "a", "cluster")}
+    # the oracle is a baseline of every cell here, but rs2 is run nowhere
+    with pytest.raises(InputError) as e:
+        Sweep({**quick_config(methods=["full", "rs2"]), "report": {"claim_budget": 0.25}}).quick()
+    assert e.value.field == "sweep.quick.methods" and "rs2" in str(e.value)
+    # the claim budget must be one of the sweep's budgets
+    with pytest.raises(InputError) as e:
+        Sweep({**quick_config(), "report": {"claim_budget": 0.31}}).quick()
+    assert e.value.field == "report.claim_budget" and "0.31" in str(e.value)
+    # a model the dataset does not run on
+    with pytest.raises(InputError) as e:
+        Sweep(quick_config(model="a")).quick_cell()
+    assert e.value.field == "sweep.quick.model"
+    # no testbed: the first dataset
+    cfg = small(baselines={"methods": ["oracle"]})
+    assert Sweep(cfg).quick_cell() == ("skills", "a")
+
+
+def test_quick_names_an_undefined_dataset_at_the_config_check() -> None:
+    from clusterft.plan.config import check_config
+
+    cfg = settings(quick_config(dataset="nope"))
+    with pytest.raises(Exception) as e:
+        check_config(cfg, "c.yaml")
+    assert "sweep.quick.dataset" in str(e.value) and "nope" in str(e.value)
+
+
+def test_train_priority_starts_the_longest_runs_first() -> None:
+    """Longest-processing-time first: full data and the step-matched arm before a 31% run,
+    a 31% run before a 10% one (Snakemake starts the ready job of highest priority)."""
+    from types import SimpleNamespace
+
+    jobs = Inputs({}, Sweep(small()))
+
+    def prio(method, budget, dist):
+        return jobs.train_priority(SimpleNamespace(dataset="skills", model="a", method=method,
+                                                   budget=budget, gpus="1", dist=dist, seed="0"))
+
+    assert prio("full", "1", "balanced") == prio("random", "0.31", "balanced_steps") == 100
+    assert prio("full", "1", "balanced") > prio("cluster", "0.31", "balanced") == 31
+    assert prio("cluster", "0.31", "random") > prio("cluster", "0.1", "balanced") == 10

@@ -605,3 +605,56 @@ def test_balance_cost_table_pairs_the_smoke_time_runs(smoke_run: Path) -> None:
         assert 0.5 < row["gpu_predicted_ratio"] < 1.5
     assert bt["fit_runs"].min() >= 3
     assert "slowest rank" in (smoke_run / "results/tables/balance_cost.md").read_text()
+
+
+def test_quick_target_is_a_first_result_from_the_jobs_of_the_whole_run(tmp_path: Path) -> None:
+    """`snakemake quick` from scratch at smoke size: one testbed cell (cipher on the tiny
+    model) with full, random, oracle and the method at the claim budget, its claims and
+    skill recovery in results/quick; and the whole run then reuses every job it ran (a
+    sub-DAG of `all`, not a separate code path)."""
+    from clusterft.pipeline.names import FEATURE_KINDS
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    whole = planned_rules(fresh)
+    quick = planned_rules(fresh, "quick")
+    assert quick["train_seeds"] == 4 and quick["base_model"] == 1
+    assert quick["train_seeds"] < whole["train_seeds"]
+    snakemake(fresh, "quick")
+    tables = fresh / "results" / "quick" / "tables"
+    runs = pd.read_csv(tables / "runs.csv")
+    assert set(zip(runs["dataset"], runs["model"])) == {("cipher", "tiny")}
+    assert set(runs["method"]) == {"full", "random", "oracle", "cluster", "base"}
+    claims = (tables / "claims.md").read_text()
+    assert "positive control" in claims and "cipher" in claims
+    assert "skill recovery" in claims.lower()
+    sr = pd.read_csv(tables / "skill_recovery.csv")
+    assert set(sr["dataset"]) == {"cipher"} and set(sr["features"]) == set(FEATURE_KINDS)
+    assert (fresh / "results" / "quick" / "plots" / "skill_recovery.png").read_bytes()[:4] \
+        == b"\x89PNG"
+    assert not (fresh / "results" / "tables" / "claims.md").exists()  # the whole report is not made
+    assert planned_rules(fresh, "quick") == {}
+    after = planned_rules(fresh)
+    for rule, n in quick.items():
+        if rule not in ("quick", "quick_report"):
+            assert after.get(rule, 0) == whole[rule] - n, rule
+
+
+def test_rule_times_attributes_every_job_to_a_part_of_the_study(smoke_run: Path) -> None:
+    """benchmarks/rule_times.py on the smoke run: every benchmark file gets a part, the
+    parts' seconds add up to the rules', and each sweep group of the smoke config shows."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from rule_times import part_times, rule_times
+    from clusterft.plan.config import settings
+
+    cfg = settings(yaml.safe_load(SMOKE.read_text()))
+    rules, parts = rule_times(smoke_run), part_times(smoke_run, cfg)
+    assert parts["jobs"].sum() == rules["jobs"].sum()
+    assert abs(parts["total_s"].sum() - rules["total_s"].sum()) < 0.5
+    names = set(parts.index)
+    for part in ("cipher/tiny: paper protocol", "cipher/tiny: step-matched arm",
+                 "skills/tiny: budget curve", "skills/tiny: distribution ablation",
+                 "skills/tiny: baselines and skill recovery (other feature kinds)",
+                 "shared: data, corpus, tokenizer, report", "base model tiny"):
+        assert part in names, (part, names)
+    assert any(p.endswith(": time sweep") for p in names)

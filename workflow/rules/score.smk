@@ -29,6 +29,8 @@ rule score_warmup:
         "logs/score_warmup/{dataset}/{model}/s{seed}.log",
     benchmark:
         "benchmarks/out/score_warmup/{dataset}/{model}/s{seed}.tsv"
+    # on every method run's path (and full data's balanced deal): before the other features
+    priority: 100
     conda:
         ENV
     threads: 1
@@ -55,6 +57,8 @@ rule score_shard:
         "logs/score_shard/{dataset}/{model}/s{seed}/shard{shard}.log",
     benchmark:
         "benchmarks/out/score_shard/{dataset}/{model}/s{seed}/shard{shard}.tsv"
+    # on every method run's path (and full data's balanced deal): before the other features
+    priority: 100
     conda:
         ENV
     threads: 1
@@ -82,6 +86,8 @@ rule score:
         "logs/score/{dataset}/{model}/s{seed}.log",
     benchmark:
         "benchmarks/out/score/{dataset}/{model}/s{seed}.tsv"
+    # on every method run's path (and full data's balanced deal): before the other features
+    priority: 100
     conda:
         ENV
     threads: 1

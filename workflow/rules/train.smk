@@ -22,6 +22,8 @@ rule train:
         f"logs/train/{RUN}.log",
     benchmark:
         f"benchmarks/out/train/{RUN}.tsv"
+    # the longest runs first (JOBS.train_priority: a share of full data's steps)
+    priority: JOBS.train_priority
     conda:
         ENV
     # One core per rank on each node, capped at --cores (--threads shares them among the
@@ -70,6 +72,7 @@ if FUSE_SEEDS:
             f"benchmarks/out/train/{RUN_SEEDS}.tsv"
         wildcard_constraints:
             gpus="1",
+        priority: JOBS.train_priority
         conda:
             ENV
         threads: 1

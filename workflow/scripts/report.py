@@ -15,7 +15,7 @@ with logged(snakemake.log[0]):
     run_report(
         runs,
         Path(snakemake.output.findings).parent,
-        Path(snakemake.output.plots[0]).parent,
+        Path(snakemake.output.skill_plot).parent,
         task_specs=TASKS,
         cfg=snakemake.params.cfg,
         clusterings=list(snakemake.params.clusterings),

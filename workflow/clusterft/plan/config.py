@@ -545,6 +545,14 @@ def check_config(cfg: dict, source: str = "config") -> None:
                                    f"{', '.join(cfg['models'])}", source,
                                    f"datasets.{name}.models[{i}]")
     matched = sweep.get("step_matched") or {}
+    quick = sweep.get("quick") or {}
+    if quick.get("dataset") is not None and quick["dataset"] not in cfg["datasets"]:
+        raise config_error(f"dataset '{quick['dataset']}' is not defined under datasets; "
+                           f"defined: {', '.join(cfg['datasets'])}", source,
+                           "sweep.quick.dataset")
+    if quick.get("model") is not None and quick["model"] not in cfg["models"]:
+        raise config_error(f"model '{quick['model']}' is not defined under models; defined: "
+                           f"{', '.join(cfg['models'])}", source, "sweep.quick.model")
     for group in ("curve", "baselines", "distribution_ablation", "step_matched", "time"):
         for i, d in enumerate((sweep.get(group) or {}).get("datasets", []) or []):
             if d not in cfg["datasets"]:
@@ -568,6 +576,7 @@ def check_config(cfg: dict, source: str = "config") -> None:
                          ("baselines.methods", baselines.get("methods", [])),
                          ("distribution_ablation.methods", ablation.get("methods", [])),
                          ("step_matched.methods", matched.get("methods", [])),
+                         ("quick.methods", quick.get("methods", [])),
                          ("time.methods", sweep.get("time", {}).get("methods", []))):
         for i, m in enumerate(methods):
             if m not in METHODS:

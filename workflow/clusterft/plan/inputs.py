@@ -366,6 +366,19 @@ class Inputs:
         per_node = self.cfg["model_train"][w.model]["gpus_per_node"]
         return launcher_shell(int(w.gpus), per_node, gpu=self.use_gpu)
 
+    def train_priority(self, wildcards: Any) -> int:
+        """Scheduling priority of a train job: its share of full data's optimiser steps, in
+        percent (full data and the step-matched arm 100, a 31% run 31). Snakemake starts the
+        ready job of highest priority first, so the longest runs start first and the short
+        ones fill the other cores beside them (longest-processing-time first: the quick
+        target's full-data job otherwise started last and ran alone at the end)."""
+        from clusterft.pipeline.names import split_dist
+
+        w = wild(wildcards)
+        if split_dist(w.dist)[1]:
+            return 100
+        return int(round(100 * min(1.0, float(w.budget))))
+
     def train_job(self, wildcards: Any) -> dict:
         """The train job's ranks per node and SLURM resources over nodes, from its GPU
         count and the model's train.gpus_per_node (clusterft.pipeline.launch.job_resources)."""
@@ -397,3 +410,29 @@ class Inputs:
                     "shard_items": [f"{s}/items.parquet" for s in shards]}
 
         return inputs
+
+    # ------------------------------------------------------------------ report.smk
+    def quick_inputs(self, wildcards: Any = None) -> dict:
+        """Input function of quick_report: the report's inputs for sweep.quick's one cell
+        (`Sweep.quick`; its InputError, naming the field, only when the target is asked
+        for) and the overhead benchmarks of its method runs."""
+        from clusterft.pipeline.names import CLUSTER
+
+        q = self.plan.quick()
+        claim = float(self.plan.cfg["report"]["claim_budget"])
+        return {**q.report_inputs(), "benchmarks": q.overhead_benchmarks(CLUSTER, claim)}
+
+    def quick_runs(self, wildcards: Any = None) -> list[dict]:
+        """Param function of quick_report: the one cell's run records."""
+        return self.plan.quick().run_records()
+
+    def quick_clusterings(self, wildcards: Any = None) -> list[dict]:
+        """Param function of quick_report: the one cell's clusterings (skill recovery)."""
+        return self.plan.quick().cluster_records()
+
+    def quick_labels(self, wildcards: Any = None) -> dict[str, str]:
+        """Param function of quick_report: the cell's dataset -> labels.parquet."""
+        from clusterft.plan.sweep import LABELS
+
+        dataset, _ = self.plan.quick_cell()
+        return {dataset: LABELS.format(dataset=dataset)}

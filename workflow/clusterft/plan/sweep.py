@@ -9,6 +9,7 @@ against `snakemake -n` on the shipped configs.
     plan.accuracy_runs, plan.time_runs # dicts: dataset, model, method, budget, gpus, dist, seed
     plan.report_inputs(), plan.run_records(), plan.cluster_records(), plan.report_outputs()
     plan.jobs()                        # [{"rule": ..., "wildcards": {...}}, ...]
+    plan.quick()                       # the quick target's one-cell view of the same runs
 
 A run is one training: `dataset`, `model`, `method`, `budget` (its path label,
 `budget_label`), `gpus` and `seed` (ints), `dist` (the distribution). The runs:
@@ -26,6 +27,7 @@ A run is one training: `dataset`, `model`, `method`, `budget` (its path label,
 
 from __future__ import annotations
 
+import copy
 from itertools import product
 from typing import Any, Iterable
 
@@ -42,6 +44,8 @@ REPORT_TABLES = ["accuracy_vs_data", "time", "balance_cost", "skill_recovery",
                  "label_counts", "comparisons"]
 REPORT_PLOTS = ("accuracy_vs_data", "time", "comparisons")
 RUN_KEYS = ("dataset", "model", "method", "budget", "gpus", "dist", "seed")
+# The quick target's report (sweep.quick): the same report code over one cell's runs.
+QUICK_DIR = "results/quick"
 
 
 def unique(runs: Iterable[dict]) -> list[dict]:
@@ -221,6 +225,72 @@ class Sweep:
             clusters=[c["clusters"] for c in self.cluster_records()],
             labels=[LABELS.format(dataset=d) for d in self.datasets],
         )
+
+    # ----------------------------------------------------------------- quick target
+    def quick_cell(self) -> tuple[str, str]:
+        """sweep.quick's dataset and model: by default the first testbed (a dataset with
+        `source: cipher`, where the positive control is), else the first dataset; its first
+        model."""
+        from clusterft.pipeline.errors import InputError
+
+        q = self.cfg["sweep"].get("quick") or {}
+        sources = {d: (self.cfg["datasets"][d] or {}).get("source", d) for d in self.datasets}
+        dataset = q.get("dataset") or next((d for d in self.datasets if sources[d] == "cipher"),
+                                           self.datasets[0])
+        models = [m for d, m in self.cells if d == dataset]
+        if dataset not in self.datasets or not models:
+            raise InputError(f"dataset '{dataset}' has no runs in this sweep; runs are planned "
+                             f"for {', '.join(dict.fromkeys(d for d, _ in self.cells))}",
+                             field="sweep.quick.dataset")
+        model = q.get("model") or models[0]
+        if model not in models:
+            raise InputError(f"model '{model}' has no runs on {dataset}; its models: "
+                             f"{', '.join(models)}", field="sweep.quick.model")
+        return dataset, model
+
+    def quick(self) -> "Sweep":
+        """The quick target's view of this sweep: one cell (`quick_cell`), sweep.quick's
+        methods at the claim budget (full data at 1) under the accuracy runs' distribution,
+        every seed. The SAME runs, paths and jobs as the whole sweep (a sub-DAG, so a later
+        full run reuses all of it); its report, from the same code, goes to results/quick.
+        InputError (field sweep.quick.methods) for a method the sweep does not run there."""
+        from clusterft.pipeline.errors import InputError
+
+        dataset, model = self.quick_cell()
+        q = self.cfg["sweep"].get("quick") or {}
+        methods = list(q.get("methods") or [])
+        claim = budget_label(float(self.cfg["report"]["claim_budget"]))
+        dist = self.cfg["sweep"]["accuracy"]["distribution"]
+
+        def wanted(r: dict) -> bool:
+            return (r["dataset"] == dataset and r["model"] == model and r["dist"] == dist
+                    and r["method"] in methods
+                    and r["budget"] == (budget_label(1.0) if r["method"] == FULL else claim))
+
+        runs = [r for r in self.accuracy_runs if wanted(r)]
+        if not any(r["dataset"] == dataset and r["model"] == model and r["budget"] == claim
+                   for r in self.accuracy_runs):
+            raise InputError(f"the claim budget {claim} is not a budget of this sweep "
+                             "(sweep.budgets); the quick target runs the claim's comparisons",
+                             field="report.claim_budget")
+        missing = [m for m in methods if not any(r["method"] == m for r in runs)]
+        if missing or not methods:
+            raise InputError(
+                f"{', '.join(missing) or 'no method'}: not run on {dataset}/{model} at the claim "
+                f"budget {claim} in this sweep; list methods of sweep.methods (or of "
+                "sweep.baselines on this cell)", field="sweep.quick.methods")
+        view = copy.copy(self)
+        view.datasets, view.models, view.cells = [dataset], [model], [(dataset, model)]
+        view.accuracy_runs = runs
+        view.time_runs = []
+        view.runs = list(runs)
+        view._accuracy_keys = {self.key(r) for r in runs}
+        return view
+
+    def quick_outputs(self) -> list[str]:
+        """What the quick target asks for: its claims, findings and skill recovery."""
+        return [f"{QUICK_DIR}/tables/claims.md", f"{QUICK_DIR}/tables/findings.md",
+                f"{QUICK_DIR}/tables/skill_recovery.md", f"{QUICK_DIR}/plots/skill_recovery.png"]
 
     def report_outputs(self) -> list[str]:
         return ([f"results/tables/{t}.{ext}" for t in REPORT_TABLES for ext in ("csv", "md")]
