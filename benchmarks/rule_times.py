@@ -45,10 +45,35 @@ def rule_times(workdir: Path) -> pd.DataFrame:
     return out.sort_values("total_s", ascending=False).round(1)
 
 
-def part_of(rule: str, path: str, cfg: dict) -> str:
+def run_group(plan, run: dict) -> str:
+    """The part of the study a run (or, for select, a selection) belongs to, from the
+    sweep itself (clusterft.plan.sweep.Sweep): the step-matched arm, the distribution
+    ablation, a time-only run, the budget curve, the baselines, else the paper protocol."""
+    from clusterft.pipeline.names import FULL
+
+    sweep = plan.cfg["sweep"]
+    if plan.key(run) in plan._accuracy_keys:
+        role = plan.run_role(run, True)
+        if role == "step_matched":
+            return "step-matched arm"
+        if role == "ablation":
+            return "distribution ablation"
+    elif any(plan.key(run) == plan.key(t) for t in plan.time_runs):
+        return "time sweep"
+    if run["method"] != FULL and float(run["budget"]) not in [float(b) for b in sweep["budgets"]]:
+        return "budget curve"
+    if run["method"] not in sweep["methods"]:
+        return "baselines and skill recovery (other feature kinds)"
+    return "paper protocol"
+
+
+def part_of(rule: str, path: str, plan) -> str:
     """The part of the study a job serves (see the module docstring), from its benchmark
-    path: <dataset>/<model>/... for cell jobs, <method>-<budget>/g<gpus>-<dist> for runs."""
-    from clusterft.pipeline.names import FULL, GRADIENT, split_dist
+    path (workflow/rules/*.smk): <dataset>/<model>/... for a cell's jobs, then
+    <method>-<budget>/g<gpus>-<dist>/s<seeds> for a run's train and evaluate jobs,
+    <method>-<budget>/s<seed> for a selection, <kind>/s<seed> for features and clusters,
+    base[/shards/...] for the base model's evaluation."""
+    from clusterft.pipeline.names import GRADIENT
 
     if rule in SHARED:
         return "shared: data, corpus, tokenizer, report"
@@ -56,37 +81,30 @@ def part_of(rule: str, path: str, cfg: dict) -> str:
     if rule == "base_model":
         return f"base model {bits[0]}"
     cell = "/".join(bits[:2])
-    if len(bits) == 3 and bits[2] == "base":  # evaluate/<dataset>/<model>/base
+    if len(bits) >= 3 and bits[2] == "base":  # evaluate[_shard]/<dataset>/<model>/base...
         return f"{cell}: base model's evaluation"
-    sweep = cfg["sweep"]
-    if rule in ("score", "score_warmup", "score_shard", "score_merge"):
+    if rule.startswith("score"):
         return f"{cell}: paper protocol"  # the method's gradients (S2L's losses ride along)
-    if rule in ("cluster", "features", "embedding_features", "tfidf_features", "loss_features"):
-        kind = bits[2]
-        return f"{cell}: paper protocol" if kind == GRADIENT else \
-            f"{cell}: baselines and skill recovery (other feature kinds)"
+    if rule in ("cluster", "features"):
+        return (f"{cell}: paper protocol" if bits[2] == GRADIENT
+                else f"{cell}: baselines and skill recovery (other feature kinds)")
     method, budget = bits[2].rsplit("-", 1)
-    if rule == "select":
-        dist, gpus = sweep["accuracy"]["distribution"], 1
+    run = {"dataset": bits[0], "model": bits[1], "method": method, "budget": budget}
+    if rule == "select":  # a selection serves the runs that read it; the main one decides
+        acc = plan.cfg["sweep"]["accuracy"]
+        run.update(gpus=acc["gpus"], dist=acc["distribution"], seed=bits[3][1:])
     else:
         g, dist = bits[3].split("-", 1)
-        gpus = int(g[1:])
-    if split_dist(dist)[1]:
-        return f"{cell}: step-matched arm"
-    if gpus != int(sweep["accuracy"]["gpus"]):
-        return f"{cell}: time sweep"
-    if dist != sweep["accuracy"]["distribution"]:
-        return f"{cell}: distribution ablation"
-    if method != FULL and float(budget) not in [float(b) for b in sweep["budgets"]]:
-        return f"{cell}: budget curve"
-    if method not in sweep["methods"]:
-        return f"{cell}: baselines and skill recovery (other feature kinds)"
-    return f"{cell}: paper protocol"
+        run.update(gpus=int(g[1:]), dist=dist, seed=bits[4][1:].split("+")[0])
+    return f"{cell}: {run_group(plan, run)}"
 
 
 def part_times(workdir: Path, cfg: dict) -> pd.DataFrame:
+    from clusterft.plan.sweep import Sweep
+
+    plan = Sweep(cfg)
     t = read_benchmarks(workdir)
-    t["part"] = [part_of(r, p, cfg) for r, p in zip(t["rule"], t["path"])]
+    t["part"] = [part_of(r, p, plan) for r, p in zip(t["rule"], t["path"])]
     out = t.groupby("part").agg(jobs=("s", "size"), total_s=("s", "sum"))
     out["share"] = out["total_s"] / out["total_s"].sum()
     return out.sort_values("total_s", ascending=False).round(3)

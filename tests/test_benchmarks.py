@@ -187,3 +187,37 @@ def test_gpu_rehearsal_cpu_quick_path(tmp_path) -> None:
     assert 0.95 <= r["score"]["cosine_to_fp32"]["min"] < 1.0  # autocast did run
     lines = proc.stdout.strip().splitlines()
     assert lines[-1].startswith("| total") and any("cosine to fp32" in ln for ln in lines[-30:])
+
+
+def test_rule_times_parts_on_the_paper_configs_paths() -> None:
+    """benchmarks/rule_times.part_of on benchmark paths of config/paper.yaml's jobs (8-GPU
+    accuracy runs, 4- and 8-GPU time runs with both distributions, sharded evaluation, no
+    ablation): the time runs are the time sweep (not an ablation), the selections and the
+    sharded base evaluation are classified, a baseline is a baseline."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from rule_times import part_of
+    from clusterft.plan.config import settings
+    from clusterft.plan.sweep import Sweep
+
+    plan = Sweep(settings(yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())))
+    cell = "codealpaca/llama7b"
+    cases = {
+        ("train", f"{cell}/cluster-0.31/g8-balanced/s0"): "paper protocol",
+        ("train", f"{cell}/cluster-0.31/g8-random/s0"): "time sweep",
+        ("train", f"{cell}/random-0.31/g4-balanced/s0"): "time sweep",
+        ("train", f"{cell}/full-1/g4-random/s0"): "time sweep",
+        ("evaluate_shard", f"{cell}/rs2-0.31/g8-balanced/s1/shards/0-of-2"): "baselines and skill recovery (other feature kinds)",
+        ("select", f"{cell}/cluster-0.05/s2"): "paper protocol",
+        ("select", f"{cell}/less-0.31/s0"): "baselines and skill recovery (other feature kinds)",
+        ("evaluate_shard", f"{cell}/base/shards/1-of-2"): "base model's evaluation",
+        ("evaluate", f"{cell}/base"): "base model's evaluation",
+        ("score_shard", f"{cell}/s0/shard1"): "paper protocol",
+        ("cluster", f"{cell}/gradient/s0"): "paper protocol",
+        ("features", f"{cell}/embedding/s0"): "baselines and skill recovery (other feature kinds)",
+    }
+    for (rule, path), part in cases.items():
+        assert part_of(rule, path, plan) == f"{cell}: {part}", (rule, path)
+    assert part_of("base_model", "llama13b", plan) == "base model llama13b"
+    assert part_of("corpus", "", plan).startswith("shared")

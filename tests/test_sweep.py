@@ -335,6 +335,16 @@ def test_quick_settings_and_their_errors() -> None:
     # no testbed: the first dataset
     cfg = small(baselines={"methods": ["oracle"]})
     assert Sweep(cfg).quick_cell() == ("skills", "a")
+    # the default methods: those of full, random, oracle and cluster the cell runs (a sweep
+    # without the oracle, as on pools without labels, runs the other three) ...
+    q = Sweep({**small(), "report": {"claim_budget": 0.5}}).quick()
+    assert {r["method"] for r in q.accuracy_runs} == {"full", "random", "cluster"}
+    # ... but full data and the method at least
+    cfg = {**small(), "report": {"claim_budget": 0.5}}
+    cfg["sweep"]["methods"] = ["full", "random"]
+    with pytest.raises(InputError) as e:
+        Sweep(cfg).quick()
+    assert e.value.field == "sweep.quick.methods" and "cluster" in str(e.value)
 
 
 def test_quick_names_an_undefined_dataset_at_the_config_check() -> None:
@@ -347,16 +357,35 @@ def test_quick_names_an_undefined_dataset_at_the_config_check() -> None:
 
 
 def test_train_priority_starts_the_longest_runs_first() -> None:
-    """Longest-processing-time first: full data and the step-matched arm before a 31% run,
-    a 31% run before a 10% one (Snakemake starts the ready job of highest priority)."""
+    """Longest-processing-time first: a job's priority is its expected work (share of full
+    data's steps x epochs x seeds in the job x model cost) in percent of the longest kind."""
     from types import SimpleNamespace
 
-    jobs = Inputs({}, Sweep(small()))
+    cfg = small(step_matched={"methods": ["random"]})
+    cfg["models"] = {"a": {"source": "build", "size": {"hidden_size": 64,
+                                                        "num_hidden_layers": 2}},
+                     "b": {"source": "build", "size": {"hidden_size": 128,
+                                                        "num_hidden_layers": 2}}}
+    cfg["train"] = {"epochs": 3}
+    cfg["sweep"]["time"]["epochs"] = 1
+    jobs = Inputs({}, Sweep(cfg))
 
-    def prio(method, budget, dist):
-        return jobs.train_priority(SimpleNamespace(dataset="skills", model="a", method=method,
-                                                   budget=budget, gpus="1", dist=dist, seed="0"))
+    def prio(method, budget, dist, model="b", gpus="1", seed="0"):
+        w = dict(dataset="skills", model=model, method=method, budget=budget, gpus=gpus,
+                 dist=dist)
+        if seed is not None:
+            w["seed"] = seed
+        return jobs.train_priority(SimpleNamespace(**w))
 
-    assert prio("full", "1", "balanced") == prio("random", "0.31", "balanced_steps") == 100
-    assert prio("full", "1", "balanced") > prio("cluster", "0.31", "balanced") == 31
-    assert prio("cluster", "0.31", "random") > prio("cluster", "0.1", "balanced") == 10
+    # a fused job (no seed wildcard: both seeds) of full data on the costlier model: 100
+    assert prio("full", "1", "balanced", seed=None) == prio("random", "0.5", "balanced_steps",
+                                                           seed=None) == 100
+    assert prio("full", "1", "balanced") == 50  # one of the two seeds
+    assert prio("cluster", "0.5", "balanced", seed=None) == 50
+    assert prio("cluster", "0.25", "balanced", seed=None) == 25
+    # model a costs a quarter of b per step (2 x 64^2 against 2 x 128^2)
+    assert prio("full", "1", "balanced", model="a", seed=None) == 25
+    # a time-only run: 1 epoch of 3, one seed
+    assert prio("cluster", "0.5", "random", gpus="2") == round(100 * 0.5 * 1 * 1 / (3 * 2))
+    assert prio("cluster", "0.5", "random", gpus="2") < prio("cluster", "0.25", "balanced",
+                                                             seed=None)

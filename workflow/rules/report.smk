@@ -91,7 +91,7 @@ rule quick_report:
         ],
         findings=f"{QUICK_DIR}/tables/findings.md",
         claims=f"{QUICK_DIR}/tables/claims.md",
-        skill_plot=f"{QUICK_DIR}/plots/skill_recovery.png",
+        plots=directory(f"{QUICK_DIR}/plots"),
         runs=f"{QUICK_DIR}/tables/runs.csv",
         overhead=[
             f"{QUICK_DIR}/tables/selection_overhead.{ext}" for ext in ("csv", "md")

@@ -15,7 +15,9 @@ with logged(snakemake.log[0]):
     run_report(
         runs,
         Path(snakemake.output.findings).parent,
-        Path(snakemake.output.skill_plot).parent,
+        # the report rule's plots lie beside its skill plot; quick_report's plots are a folder
+        Path(snakemake.output.skill_plot).parent if "skill_plot" in snakemake.output.keys()
+        else Path(snakemake.output.plots),
         task_specs=TASKS,
         cfg=snakemake.params.cfg,
         clusterings=list(snakemake.params.clusterings),

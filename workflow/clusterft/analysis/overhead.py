@@ -350,13 +350,19 @@ NOTE = (
 
 
 def write_tables(run_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                 budget: float = 0.31, method: str = "cluster") -> list[str]:
+                 budget: float = 0.31, method: str = "cluster",
+                 cells: set[tuple[str, str]] | None = None) -> list[str]:
     """selection_overhead.{csv,md} (every row; the md: means over seeds and the paper
-    projection) from a finished run's folder (``benchmarks/out`` and ``results``)."""
+    projection) from a finished run's folder (``benchmarks/out`` and ``results``);
+    ``cells``: only these (dataset, model) pairs (a report of part of the run, such as the
+    quick target's, leaves out what other targets left in the folder)."""
     from clusterft.pipeline.io import atomic_path, write_text
 
     run = Path(run_dir)
     table = overhead_table(read_benchmarks(run / "benchmarks" / "out"), method, budget)
+    if cells is not None and len(table):
+        keep = [(d, m) in cells for d, m in zip(table["dataset"], table["model"])]
+        table = table[keep].reset_index(drop=True)
     proj = project_to_paper(table, run / "results")
     full = table.merge(proj[[c for c in proj.columns if c not in table.columns or c in KEYS]],
                        on=KEYS, how="left") if len(proj) else table

@@ -576,7 +576,7 @@ def check_config(cfg: dict, source: str = "config") -> None:
                          ("baselines.methods", baselines.get("methods", [])),
                          ("distribution_ablation.methods", ablation.get("methods", [])),
                          ("step_matched.methods", matched.get("methods", [])),
-                         ("quick.methods", quick.get("methods", [])),
+                         ("quick.methods", quick.get("methods") or []),
                          ("time.methods", sweep.get("time", {}).get("methods", []))):
         for i, m in enumerate(methods):
             if m not in METHODS:

@@ -367,17 +367,38 @@ class Inputs:
         return launcher_shell(int(w.gpus), per_node, gpu=self.use_gpu)
 
     def train_priority(self, wildcards: Any) -> int:
-        """Scheduling priority of a train job: its share of full data's optimiser steps, in
-        percent (full data and the step-matched arm 100, a 31% run 31). Snakemake starts the
-        ready job of highest priority first, so the longest runs start first and the short
-        ones fill the other cores beside them (longest-processing-time first: the quick
-        target's full-data job otherwise started last and ran alone at the end)."""
+        """Scheduling priority of a train job: its expected work, in percent of the longest
+        kind of job (the model of most layers x hidden size squared, training full data's
+        steps for sweep.accuracy's epochs over every fused seed): its share of full data's
+        optimiser steps (full data and the step-matched arm 1, a 31% run 0.31) x its epochs
+        (a time-only run's sweep.time.epochs) x the seeds the job trains (a fused job all)
+        x its model's cost. Snakemake starts the ready job of highest priority first, so the
+        longest runs start first and short ones fill the other cores beside them
+        (longest-processing-time first; the quick target's full-data job otherwise started
+        last and ran alone at the end)."""
         from clusterft.pipeline.names import split_dist
 
         w = wild(wildcards)
-        if split_dist(w.dist)[1]:
-            return 100
-        return int(round(100 * min(1.0, float(w.budget))))
+        run = {**vars(w), "seed": getattr(w, "seed", self.plan.seeds[0])}
+        share = 1.0 if split_dist(w.dist)[1] else min(1.0, float(w.budget))
+        epochs = int(self.plan.train_settings(run)["epochs"])
+        seeds = 1 if hasattr(w, "seed") else len(self.plan.seeds)
+        longest = max(int(self.plan.cfg["model_train"][m]["epochs"]) for m in self.plan.models)
+        work = share * epochs * seeds / (longest * len(self.plan.seeds))
+        return max(1, int(round(100 * work * self.model_cost(w.model))))
+
+    def model_cost(self, model: str) -> float:
+        """A model's cost per step relative to the config's costliest built model (layers x
+        hidden size squared, from models.<name>.size); 1 for models of another source."""
+        def cost(m: str) -> float | None:
+            size = (self.plan.cfg["models"][m] or {}).get("size") or {}
+            if "hidden_size" not in size:
+                return None
+            return float(size.get("num_hidden_layers", 1)) * float(size["hidden_size"]) ** 2
+
+        costs = [c for c in map(cost, self.plan.models) if c]
+        own = cost(model)
+        return own / max(costs) if own and costs else 1.0
 
     def train_job(self, wildcards: Any) -> dict:
         """The train job's ranks per node and SLURM resources over nodes, from its GPU

@@ -31,8 +31,9 @@ import copy
 from itertools import product
 from typing import Any, Iterable
 
-from clusterft.pipeline.names import (BASE, FEATURE_KINDS, FULL, GRADIENT, LOSS, ORACLE,
-                                      STEPS_SUFFIX, TARGET_AWARE, features_of, split_dist)
+from clusterft.pipeline.names import (BASE, CLUSTER, FEATURE_KINDS, FULL, GRADIENT, LOSS,
+                                      ORACLE, RANDOM, STEPS_SUFFIX, TARGET_AWARE, features_of,
+                                      split_dist)
 from clusterft.plan.config import budget_label, settings, tasks_for
 
 RUN = "{dataset}/{model}/{method}-{budget}/g{gpus}-{dist}/s{seed}"
@@ -44,8 +45,10 @@ REPORT_TABLES = ["accuracy_vs_data", "time", "balance_cost", "skill_recovery",
                  "label_counts", "comparisons"]
 REPORT_PLOTS = ("accuracy_vs_data", "time", "comparisons")
 RUN_KEYS = ("dataset", "model", "method", "budget", "gpus", "dist", "seed")
-# The quick target's report (sweep.quick): the same report code over one cell's runs.
+# The quick target's report (sweep.quick): the same report code over one cell's runs;
+# by default these methods, those of them the cell runs (full and the method at least).
 QUICK_DIR = "results/quick"
+QUICK_METHODS = (FULL, RANDOM, ORACLE, CLUSTER)
 
 
 def unique(runs: Iterable[dict]) -> list[dict]:
@@ -258,7 +261,8 @@ class Sweep:
 
         dataset, model = self.quick_cell()
         q = self.cfg["sweep"].get("quick") or {}
-        methods = list(q.get("methods") or [])
+        given = q.get("methods")
+        methods = list(given or QUICK_METHODS)
         claim = budget_label(float(self.cfg["report"]["claim_budget"]))
         dist = self.cfg["sweep"]["accuracy"]["distribution"]
 
@@ -274,6 +278,8 @@ class Sweep:
                              "(sweep.budgets); the quick target runs the claim's comparisons",
                              field="report.claim_budget")
         missing = [m for m in methods if not any(r["method"] == m for r in runs)]
+        if given is None:  # the default: what the cell runs of QUICK_METHODS, full and the
+            missing = [m for m in (FULL, CLUSTER) if m in missing]  # method at least
         if missing or not methods:
             raise InputError(
                 f"{', '.join(missing) or 'no method'}: not run on {dataset}/{model} at the claim "
@@ -290,7 +296,7 @@ class Sweep:
     def quick_outputs(self) -> list[str]:
         """What the quick target asks for: its claims, findings and skill recovery."""
         return [f"{QUICK_DIR}/tables/claims.md", f"{QUICK_DIR}/tables/findings.md",
-                f"{QUICK_DIR}/tables/skill_recovery.md", f"{QUICK_DIR}/plots/skill_recovery.png"]
+                f"{QUICK_DIR}/tables/skill_recovery.md", f"{QUICK_DIR}/plots"]
 
     def report_outputs(self) -> list[str]:
         return ([f"results/tables/{t}.{ext}" for t in REPORT_TABLES for ext in ("csv", "md")]

@@ -723,7 +723,8 @@ def run_report(runs: str | os.PathLike | Iterable[Mapping[str, Any]],
     if run_dir is not None:
         from clusterft.analysis.overhead import write_tables
 
-        written["tables"] += write_tables(run_dir, tdir, float(cfg["claim_budget"]))
+        written["tables"] += write_tables(run_dir, tdir, float(cfg["claim_budget"]),
+                                          cells=set(zip(df["dataset"], df["model"])))
     for ds in dict.fromkeys(df["dataset"]):
         p = pdir / f"accuracy_vs_data_{ds}.png"
         plot_accuracy(acc, ds, tasks, task_specs, cfg, p)
