@@ -389,3 +389,18 @@ def test_train_priority_starts_the_longest_runs_first() -> None:
     assert prio("cluster", "0.5", "random", gpus="2") == round(100 * 0.5 * 1 * 1 / (3 * 2))
     assert prio("cluster", "0.5", "random", gpus="2") < prio("cluster", "0.25", "balanced",
                                                              seed=None)
+
+
+def test_model_cost_reads_size_names_and_leaves_hub_models_at_one() -> None:
+    from clusterft.stages.models import DEFAULTS as MODEL_DEFAULTS
+
+    small_preset = MODEL_DEFAULTS["sizes"]["small"]
+    cfg = small()
+    cfg["models"] = {"a": {"source": "build", "size": "small"},
+                     "b": {"source": "build", "size": {"hidden_size": small_preset["hidden_size"],
+                                                        "num_hidden_layers": 1}},
+                     "c": {"source": "hub", "hub_id": "some/model"}}
+    jobs = Inputs({}, Sweep(cfg))
+    assert jobs.model_cost("a") == 1.0
+    assert jobs.model_cost("b") == pytest.approx(1 / small_preset["num_hidden_layers"])
+    assert jobs.model_cost("c") == 1.0

@@ -360,10 +360,17 @@ def write_tables(run_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
     run = Path(run_dir)
     table = overhead_table(read_benchmarks(run / "benchmarks" / "out"), method, budget)
-    if cells is not None and len(table):
-        keep = [(d, m) in cells for d, m in zip(table["dataset"], table["model"])]
-        table = table[keep].reset_index(drop=True)
+    # projected from the whole run (which paper model a local model stands for is decided
+    # by ranking every model of the run), then cut to the cells asked for
     proj = project_to_paper(table, run / "results")
+    if cells is not None:
+        def mine(t: pd.DataFrame) -> pd.DataFrame:
+            if not len(t):
+                return t
+            keep = [(d, m) in cells for d, m in zip(t["dataset"], t["model"])]
+            return t[keep].reset_index(drop=True)
+
+        table, proj = mine(table), mine(proj)
     full = table.merge(proj[[c for c in proj.columns if c not in table.columns or c in KEYS]],
                        on=KEYS, how="left") if len(proj) else table
     out = Path(out_dir)

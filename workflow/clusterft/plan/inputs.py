@@ -367,9 +367,9 @@ class Inputs:
         return launcher_shell(int(w.gpus), per_node, gpu=self.use_gpu)
 
     def train_priority(self, wildcards: Any) -> int:
-        """Scheduling priority of a train job: its expected work, in percent of the longest
-        kind of job (the model of most layers x hidden size squared, training full data's
-        steps for sweep.accuracy's epochs over every fused seed): its share of full data's
+        """Scheduling priority of a train job: its expected work relative to a fused job
+        that trains its dataset's full data on the costliest model for the most epochs, in
+        percent (pool sizes are not compared across datasets): its share of full data's
         optimiser steps (full data and the step-matched arm 1, a 31% run 0.31) x its epochs
         (a time-only run's sweep.time.epochs) x the seeds the job trains (a fused job all)
         x its model's cost. Snakemake starts the ready job of highest priority first, so the
@@ -388,13 +388,19 @@ class Inputs:
         return max(1, int(round(100 * work * self.model_cost(w.model))))
 
     def model_cost(self, model: str) -> float:
-        """A model's cost per step relative to the config's costliest built model (layers x
-        hidden size squared, from models.<name>.size); 1 for models of another source."""
+        """A model's cost per step relative to the config's costliest built model: layers x
+        hidden size squared, from models.<name>.size (a size name through the models
+        stage's size table; a field a size dict leaves out takes LlamaConfig's default, as
+        the built model does); 1 for models of another source (hub models: no size)."""
+        from clusterft.stages.models import size_config
+
         def cost(m: str) -> float | None:
-            size = (self.plan.cfg["models"][m] or {}).get("size") or {}
-            if "hidden_size" not in size:
+            spec = self.plan.cfg["models"][m] or {}
+            if spec.get("source", "build") != "build" or spec.get("size") is None:
                 return None
-            return float(size.get("num_hidden_layers", 1)) * float(size["hidden_size"]) ** 2
+            size = size_config(spec["size"])
+            # LlamaConfig's defaults for fields the size leaves out
+            return float(size.get("num_hidden_layers", 32)) * float(size.get("hidden_size", 4096)) ** 2
 
         costs = [c for c in map(cost, self.plan.models) if c]
         own = cost(model)
