@@ -52,7 +52,7 @@ def run_group(plan, run: dict) -> str:
     from clusterft.pipeline.names import FULL
 
     sweep = plan.cfg["sweep"]
-    if plan.key(run) in plan._accuracy_keys:
+    if plan.is_accuracy(run):
         role = plan.run_role(run, True)
         if role == "step_matched":
             return "step-matched arm"

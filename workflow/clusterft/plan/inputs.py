@@ -15,6 +15,7 @@ shards, epochs of RS2's subsets) come from the plan's settled config.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -439,27 +440,32 @@ class Inputs:
         return inputs
 
     # ------------------------------------------------------------------ report.smk
+    @functools.cached_property
+    def quick_plan(self) -> Sweep:
+        """sweep.quick's one-cell view of the plan (`Sweep.quick`), built once for the
+        quick_report rule's input and param functions; its InputError, naming the field,
+        is raised (and not cached) only when the target is asked for."""
+        return self.plan.quick()
+
     def quick_inputs(self, wildcards: Any = None) -> dict:
-        """Input function of quick_report: the report's inputs for sweep.quick's one cell
-        (`Sweep.quick`; its InputError, naming the field, only when the target is asked
-        for) and the overhead benchmarks of its method runs."""
+        """Input function of quick_report: the report's inputs for the quick cell and the
+        overhead benchmarks of its method runs."""
         from clusterft.pipeline.names import CLUSTER
 
-        q = self.plan.quick()
+        q = self.quick_plan
         claim = float(self.plan.cfg["report"]["claim_budget"])
         return {**q.report_inputs(), "benchmarks": q.overhead_benchmarks(CLUSTER, claim)}
 
     def quick_runs(self, wildcards: Any = None) -> list[dict]:
         """Param function of quick_report: the one cell's run records."""
-        return self.plan.quick().run_records()
+        return self.quick_plan.run_records()
 
     def quick_clusterings(self, wildcards: Any = None) -> list[dict]:
         """Param function of quick_report: the one cell's clusterings (skill recovery)."""
-        return self.plan.quick().cluster_records()
+        return self.quick_plan.cluster_records()
 
     def quick_labels(self, wildcards: Any = None) -> dict[str, str]:
         """Param function of quick_report: the cell's dataset -> labels.parquet."""
         from clusterft.plan.sweep import LABELS
 
-        dataset, _ = self.plan.quick_cell()
-        return {dataset: LABELS.format(dataset=dataset)}
+        return {d: LABELS.format(dataset=d) for d in self.quick_plan.datasets}
