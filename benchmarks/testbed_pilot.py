@@ -36,30 +36,38 @@ def parse_shape(text: str) -> dict:
     return out
 
 
-def greedy_exact(model, tokenizer, items: list[dict], batch: int = 64) -> tuple[float, dict]:
-    """Exact match of greedy continuations (stripped, up to the first newline); macro over
-    the items' groups too."""
-    import torch
+def information_bound(shape: dict, seeds, budget: float, data_seed: int) -> dict:
+    """Macro exact match a model would reach if it learnt exactly the word images its
+    selection shows (an item counts only when every word of its tuple appeared in an input
+    of its cipher), per arm: mean and sd over the selection seeds. No training: it says
+    whether a shape poses a data question at all (if random's bound is 1.0, no selection
+    can add information)."""
+    from clusterft.pools import cipher
+    from clusterft.stages import select as sel
 
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    hits = []
-    model.eval()
-    with torch.no_grad():
-        for i in range(0, len(items), batch):
-            chunk = items[i:i + batch]
-            enc = tokenizer([it["prompt"] for it in chunk], return_tensors="pt", padding=True,
-                            add_special_tokens=True)
-            out = model.generate(**enc, max_new_tokens=8, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-            for it, row in zip(chunk, out[:, enc["input_ids"].shape[1]:]):
-                text = tokenizer.decode(row, skip_special_tokens=True).split("\n")[0].strip()
-                hits.append(float(text == it["answer"]))
-    groups: dict[str, list[float]] = {}
-    for it, h in zip(items, hits):
-        groups.setdefault(it["group"], []).append(h)
-    return float(np.mean(hits)), {g: float(np.mean(v)) for g, v in groups.items()}
+    built = cipher.build(dict(shape), seed=data_seed)
+    labs = np.array(built.labels)
+    keys, truth = np.unique(labs, return_inverse=True)
+    ids = np.array([r["id"] for r in built.records])
+    inputs = [r["messages"][-2]["content"].split(": ", 1)[1].split() for r in built.records]
+    tests = [(it["group"], it["prompt"].split(": ", 1)[1].split("\n")[0].split())
+             for it in built.items[cipher.TASK]]
+    out = {}
+    for arm in ("random", "oracle", "full"):
+        accs = []
+        for seed in seeds:
+            rows = sel.select(ids, truth, None, {"oracle": "cluster"}.get(arm, arm),
+                              1.0 if arm == "full" else budget, seed=seed)
+            seen = {k: set() for k in keys}
+            for r in rows:
+                seen[labs[r]].update(inputs[r])
+            per: dict[str, list[bool]] = {}
+            for key, ws in tests:
+                per.setdefault(key, []).append(all(w in seen[key] for w in ws))
+            accs.append(np.mean([np.mean(v) for v in per.values()]))
+        out[arm] = {"mean": round(float(np.mean(accs)), 3), "sd": round(float(np.std(accs)), 3)}
+    out["skill_counts"] = built.extra["skill_counts"]
+    return out
 
 
 def main(argv=None) -> int:
@@ -76,10 +84,21 @@ def main(argv=None) -> int:
     ap.add_argument("--distribution", default="balanced",
                     help="how each step's examples are dealt (balanced: every step a mix of "
                          "the selection's clusters, here the true ciphers; random)")
-    ap.add_argument("--out", required=True, help="JSONL of results (appended)")
+    ap.add_argument("--bound", action="store_true",
+                    help="print each shape's information bound (no training) and stop")
+    ap.add_argument("--out", help="JSONL of results (appended; needed unless --bound)")
     args = ap.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.bound:
+        for shape_text in args.shape:
+            print(shape_text, json.dumps(information_bound(
+                parse_shape(shape_text), seeds, args.budget, args.data_seed)), flush=True)
+        return 0
+    if not args.out:
+        ap.error("--out is needed to train")
 
     from clusterft.modeling.distributed import setup
+    from clusterft.modeling.generate import score_items
     from clusterft.pools import cipher
     from clusterft.pipeline.io import write_jsonl
     from clusterft.stages import select as sel
@@ -101,7 +120,7 @@ def main(argv=None) -> int:
         truth = np.unique(np.array(built.labels), return_inverse=True)[1]
         n = len(ids)
         full_steps = cfg_train["epochs"] * math.ceil(n / cfg_train["global_batch_size"])
-        for seed in [int(s) for s in args.seeds.split(",")]:
+        for seed in seeds:
             for arm in args.arms.split(","):
                 method = {"oracle": "cluster"}.get(arm, arm)
                 rows = sel.select(ids, truth, None, method, 1.0 if arm == "full" else args.budget,
@@ -124,7 +143,8 @@ def main(argv=None) -> int:
                     m = train_loop(model, tokenizer, examples, clusters, cfg, d, args.distribution,
                                    seed)
                     wall = time.perf_counter() - t0
-                    acc, per = greedy_exact(model, tokenizer, items)
+                    scored = score_items(model, tokenizer, items, max_new_tokens=8)
+                    acc, per, per_word = scored["exact"], scored["per_group"], scored["per_group_word"]
                     counts = np.bincount(truth[rows], minlength=truth.max() + 1)
                     rec = {"shape": shape, "arm": arm, "protocol": protocol, "seed": seed,
                            "distribution": args.distribution, "model": args.model,
@@ -132,9 +152,11 @@ def main(argv=None) -> int:
                            "train_s": round(wall, 1), "acc": round(acc, 4),
                            "macro": round(float(np.mean(list(per.values()))), 4),
                            "per_skill": {k: round(v, 3) for k, v in per.items()},
+                           "word_macro": round(float(np.mean(list(per_word.values()))), 4),
+                           "per_skill_word": {k: round(v, 3) for k, v in per_word.items()},
                            "min_skill_examples": int(counts.min()),
                            "final_loss": m.get("final_loss")}
-                    print(json.dumps({k: v for k, v in rec.items() if k != "per_skill"}),
+                    print(json.dumps({k: v for k, v in rec.items() if not k.startswith("per_skill")}),
                           flush=True)
                     with open(args.out, "a") as f:
                         f.write(json.dumps(rec) + "\n")

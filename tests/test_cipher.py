@@ -88,3 +88,21 @@ def test_impossible_settings_are_refused_naming_the_field(bad, field):
     with pytest.raises(InputError) as e:  # the config check, before any work
         merge_cfg("cipher", {**SMALL, **bad}, "testbed")
     assert e.value.field == f"datasets.testbed.{field}"
+
+
+def test_practice_ciphers_use_other_keys_and_permutations_than_the_testbed():
+    """A practised base model must never have met a testbed cipher: the practice pool's keys
+    are disjoint from the testbed's and its permutations come from another random stream."""
+    from clusterft.pools import cipher
+
+    shape = {"n": 900, "n_skills": 8, "n_words": 12, "words_per_example": 3, "zipf_s": 1.0}
+    test = cipher.build(shape, seed=0)
+    practice = cipher.build(shape, seed=0, practice=True)
+    assert set(test.labels) == set(cipher.KEYS[:8])
+    assert set(practice.labels) == set(cipher.PRACTICE_KEYS)
+    assert not set(test.labels) & set(practice.labels)
+    tables = [tuple(m.values()) for m in test.extra["mappings"].values()]
+    assert not set(tables) & {tuple(m.values()) for m in practice.extra["mappings"].values()}
+    # the same vocabulary and template: only the keys and the tables differ
+    words = {w for r in practice.records for w in r["messages"][-1]["content"].split()}
+    assert words <= set(cipher.WORDS[:12])

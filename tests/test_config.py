@@ -71,6 +71,14 @@ BAD = [
      lambda c: c["models"]["small"].update(train={"epoch": 2}), "models.small.train.epoch"),
     ("unknown key of a model's pretrain",
      lambda c: c["models"]["small"].update(pretrain={"stepz": 2}), "models.small.pretrain.stepz"),
+    ("unknown key of a dataset's train override",
+     lambda c: c["datasets"]["pycode"].update(train={"finetune": "full"}),
+     "datasets.pycode.train.finetune"),
+    ("dataset train key of the wrong type",
+     lambda c: c["datasets"]["pycode"].update(train={"epochs": "a"}),
+     "datasets.pycode.train.epochs"),
+    ("dataset train epochs zero",
+     lambda c: c["datasets"]["pycode"].update(train={"epochs": 0}), "datasets.pycode.train.epochs"),
     ("dataset key its source has no use for",
      lambda c: c["datasets"]["pycode"].update(hf_dataset="x"), "datasets.pycode.hf_dataset"),
     ("unknown tokenizer key", lambda c: c["tokenizer"].update(vocab=12), "tokenizer.vocab"),
@@ -84,6 +92,10 @@ BAD = [
      "features.max_length_cap"),
     ("resources.runtime_safety zero", lambda c: c.update(resources={"runtime_safety": 0}),
      "resources.runtime_safety"),
+    ("unknown practice key", lambda c: c["models"]["small"]["practice"].update(epochs=3),
+     "models.small.practice.epochs"),
+    ("practice steps a word", lambda c: c["models"]["small"]["practice"].update(steps="many"),
+     "models.small.practice.steps"),
 ]
 
 
@@ -229,6 +241,37 @@ def test_a_model_train_section_overrides_the_train_section(tmp_path: Path) -> No
     out = _snakemake("-n", "--directory", str(tmp_path), "--configfile", str(tmp_path / "c.yaml"),
                      cwd=tmp_path)
     assert out.returncode != 0 and "models.large.train.epochz" in out.stdout + out.stderr
+
+
+def test_a_dataset_train_section_takes_epochs_and_lr_only() -> None:
+    """datasets.<name>.train is accepted with epochs and lr (also as --config text, typed
+    by the schema); the stage-section check alone (check_sections, behind the schema) names
+    an unknown key and a value of the wrong type too."""
+    from clusterft.plan.config import check_sections, coerce_overrides, prepare, run_train
+
+    cfg = _edit(lambda c: c["datasets"]["pycode"].update(train={"epochs": 20, "lr": 1.0e-4}))
+    validate_schema(cfg, source="my.yaml")
+    check_config(cfg, source="my.yaml")
+    settled = prepare(copy.deepcopy(cfg), warn=lambda m: None)
+    for model in settled["models"]:
+        t = run_train(settled, "pycode", model)
+        assert (t["epochs"], t["lr"]) == (20, 1.0e-4)
+        assert t["batch_size"] == settled["model_train"][model]["batch_size"]
+    overrides = {"datasets": {"pycode": {"train": {"epochs": "7"}}}}
+    cfg["datasets"]["pycode"]["train"] = {"epochs": "7"}
+    coerce_overrides(cfg, overrides)
+    assert cfg["datasets"]["pycode"]["train"]["epochs"] == 7
+    for train, field, what in (({"finetune": "full"}, "datasets.pycode.train.finetune",
+                                "unknown key 'finetune'; allowed here: epochs, lr"),
+                               ({"epochs": "a"}, "datasets.pycode.train.epochs",
+                                "must be an integer, got 'a'")):
+        with pytest.raises(InputError) as e:
+            check_sections(_edit(lambda c: c["datasets"]["pycode"].update(train=train)))
+        assert e.value.field == field and what in str(e.value)
+    with pytest.raises(InputError) as e:
+        validate_schema(_edit(lambda c: c["datasets"]["pycode"].update(
+            train={"finetune": "full"})), source="my.yaml")
+    assert "datasets.pycode.train.finetune" in str(e.value) and "epochs, lr" in str(e.value)
 
 
 def test_one_gpu_runs_start_without_torchrun(tmp_path: Path) -> None:
@@ -402,3 +445,25 @@ def test_nested_config_override_in_a_dry_run(tmp_path: Path) -> None:
     assert out.returncode != 0
     assert "--config, field 'score.shards': must be an integer, got '3x'" in text
     assert """--config 'score={"shards": 3}'""" in text and "config.yaml, line" not in text
+
+
+@pytest.mark.parametrize("edit,field,words", [
+    (lambda c: c["models"]["small"]["practice"].update(n_words=16), "datasets.cipher.n_words",
+     "practised ciphers over 16"),
+    (lambda c: c["datasets"]["cipher"].update(n_skills=9), "datasets.cipher.n_skills",
+     "reuse a practice key"),
+    (lambda c: c["models"]["small"]["practice"].update(n=20000), "models.small.practice.n",
+     "distinct inputs"),
+])
+def test_a_practised_model_and_its_testbed_must_agree(edit, field, words) -> None:
+    """models.<name>.practice teaches the lookup over the testbed's words with other keys:
+    a testbed on another vocabulary, one that would reuse a practice key, or a practice pool
+    the generator cannot make is refused before any work, naming the field."""
+    check_config(base(), source="my.yaml")
+    with pytest.raises(InputError) as e:
+        check_config(_edit(edit), source="my.yaml")
+    assert field in str(e.value) and words in str(e.value) and "my.yaml" in str(e.value)
+    # without practice (steps 0) the same testbed is free to use other words
+    cfg = _edit(lambda c: (c["models"]["small"]["practice"].update(steps=0),
+                           c["datasets"]["cipher"].update(n_words=16)))
+    check_config(cfg, source="my.yaml")

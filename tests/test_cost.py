@@ -116,6 +116,27 @@ def test_gpu_hours_arithmetic_on_a_small_config(tmp_path: Path) -> None:
     assert table[-1]["disk_gb"] == pytest.approx(sum(t["disk_gb"] for t in table[:-1]))
 
 
+def test_a_dataset_s_own_epochs_scale_its_train_estimate(tmp_path: Path) -> None:
+    """datasets.<name>.train.epochs sets the epochs the estimate counts for that dataset's
+    runs only (sweep.time.epochs still sets the time-only runs')."""
+    cfg = yaml.safe_load(small_config(tmp_path / "small.yaml").read_text(encoding="utf-8"))
+    spec = cfg["datasets"]["codealpaca"]
+    cfg["datasets"]["twice"] = {**spec, "train": {"epochs": 2 * cfg["train"]["epochs"]}}
+    tpe = {"codealpaca": 104, "twice": 104}
+    est = cost.Estimator(cfg, tpe, {"llama7b": KNOWN_PARAMS["meta-llama/Llama-2-7b-hf"]})
+    w = {"model": "llama7b", "method": "random", "budget": "0.5", "gpus": "4",
+         "dist": "balanced", "seed": "0"}
+    once = est.job_seconds("train", {**w, "dataset": "codealpaca"})[1]
+    assert once > 0
+    assert est.job_seconds("train", {**w, "dataset": "twice"})[1] == pytest.approx(2 * once)
+    assert est.job_seconds("train", {**w, "dataset": "twice"}, merged=True)[1] == \
+        pytest.approx(2 * once)  # time-only, sweep.time.epochs unset: the dataset's
+    cfg["sweep"]["time"]["epochs"] = 1
+    est = cost.Estimator(cfg, tpe, {"llama7b": KNOWN_PARAMS["meta-llama/Llama-2-7b-hf"]})
+    assert est.job_seconds("train", {**w, "dataset": "twice"}, merged=True)[1] == \
+        pytest.approx(est.job_seconds("train", {**w, "dataset": "codealpaca"}, merged=True)[1])
+
+
 def test_the_kronecker_projection_costs_a_fraction_of_the_dense_one() -> None:
     from clusterft.analysis.costmodel import KNOWN_CONFIGS, lora_matrices, projection_work
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -158,3 +160,34 @@ def test_run_model_from_config_sections(tmp_path, tiny_corpus_path, tiny_model_d
     with pytest.raises(InputError, match="unknown model size"):
         run_model(tmp_path / "tok", tiny_corpus_path, {"size": "huge"}, tmp_path / "x", name="x")
     assert not (tmp_path / "hub").exists() and not (tmp_path / "x").exists()
+
+
+def test_practice_trains_the_built_model_on_the_practice_ciphers(tmp_path, tiny_corpus_path):
+    """models.<name>.practice: after pretraining, the model is fine-tuned for exactly
+    `steps` steps on the practice ciphers (their loss falls), scored on their held-out items,
+    and saved with the practice metrics; without practice the same build gives other weights."""
+    from safetensors.numpy import load_file
+
+    from clusterft.stages.models import run_model
+
+    run_tokenizer(tiny_corpus_path, 520, tmp_path / "tok", seed=0)
+    size = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "max_position_embeddings": 128}
+    pre = {"steps": 3, "block_size": 32, "batch_size": 2, "val_fraction": 0}
+    practice = {"steps": 60, "n": 200, "n_words": 8, "words_per_example": 3,
+                "global_batch_size": 8, "lr": 1e-2}
+    m = run_model(tmp_path / "tok", tiny_corpus_path,
+                  {"size": size, "pretrain": pre, "practice": practice}, tmp_path / "practised",
+                  seed=0, name="tiny", threads=1)
+    p = m["practice"]
+    assert p["steps"] == 60 and p["examples"] == 200
+    assert p["final_loss"] < p["first_loss"] - 0.5
+    assert set(p["items_per_cipher"]) == set(p["keys"]) and 0 <= p["items_exact"] <= 1
+    saved = json.loads((tmp_path / "practised" / "pretrain_metrics.json").read_text())
+    assert saved["practice"]["steps"] == 60
+    run_model(tmp_path / "tok", tiny_corpus_path, {"size": size, "pretrain": pre},
+              tmp_path / "plain", seed=0, name="tiny", threads=1)
+    a = load_file(tmp_path / "practised" / "model.safetensors")
+    b = load_file(tmp_path / "plain" / "model.safetensors")
+    assert any(not np.array_equal(a[k], b[k]) for k in a)
+    assert "practice" not in json.loads((tmp_path / "plain" / "pretrain_metrics.json").read_text())

@@ -164,6 +164,50 @@ def test_input_functions() -> None:
     assert jobs.decontaminate_cfg(w) == {"action": "drop", "max_overlap": 0}
 
 
+def test_a_dataset_train_section_overrides_its_runs_epochs_and_lr() -> None:
+    """datasets.<name>.train (epochs, lr) is merged over the model's train section for every
+    run of that dataset, and only its: train settings and params, RS2's per-epoch subsets,
+    the train priority (relative to its own dataset's longest run); the data and download
+    jobs' params leave it out (no rerun of the data for a changed epoch count)."""
+    import json
+
+    cfg = small(methods=["full", "rs2"])
+    cfg["train"] = {"epochs": 3}
+    cfg["models"]["b"]["train"] = {"lr": 0.01}
+    cfg["datasets"]["icd10"]["train"] = {"epochs": 20}
+    plan = Sweep(cfg)
+    jobs = Inputs(cfg, plan)
+    assert plan.runs and {r["dataset"] for r in plan.runs} == {"skills", "icd10"}
+    for r in plan.runs:
+        want = 20 if r["dataset"] == "icd10" else 3
+        settings_, params = plan.train_settings(r), json.loads(jobs.run_train_cfg(r))
+        assert settings_["epochs"] == params["epochs"] == want, r
+        if r["model"] == "b":  # the model's own lr still applies on both datasets
+            assert settings_["lr"] == params["lr"] == 0.01
+    for d, want in (("icd10", 20), ("skills", 3)):
+        w = {"dataset": d, "model": "a", "budget": "0.5", "seed": "0"}
+        assert jobs.select_epochs({**w, "method": "rs2"}) == want
+        assert jobs.select_epochs({**w, "method": "full"}) == 1
+        assert "train" not in jobs.dataset_cfg(w)
+    # each dataset's full-data run is its own longest: the same priority, 20 epochs or 3
+    full = {"model": "a", "method": "full", "budget": "1", "gpus": "1", "dist": "balanced",
+            "seed": "0"}
+    assert jobs.train_priority({**full, "dataset": "icd10"}) == jobs.train_priority(
+        {**full, "dataset": "skills"}) == 50  # one of two seeds
+    assert all("train" not in spec for spec in jobs.download_params["datasets"].values())
+    # the dataset's lr over the model's; sweep.time.epochs still sets the time-only runs'
+    cfg["datasets"]["icd10"]["train"] = {"epochs": 20, "lr": 5.0e-4}
+    cfg["sweep"]["time"]["epochs"] = 1
+    plan = Sweep(cfg)
+    jobs = Inputs(cfg, plan)
+    for r in plan.runs:
+        settings_, params = plan.train_settings(r), json.loads(jobs.run_train_cfg(r))
+        epochs = 1 if plan.is_time_only(r) else 20 if r["dataset"] == "icd10" else 3
+        lr = 5.0e-4 if r["dataset"] == "icd10" else 0.01 if r["model"] == "b" else None
+        assert settings_["epochs"] == params["epochs"] == epochs, r
+        assert params.get("lr") == lr and settings_["lr"] == (lr or settings_["lr"]), r
+
+
 def test_runs_that_are_only_timed_keep_no_model_and_nothing_reads_it() -> None:
     """Time-only runs train with keep_model: false (their folder: NOT_KEPT.json only), the
     accuracy runs' settings are untouched (the same params, so no reruns), and no job of the

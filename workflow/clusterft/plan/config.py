@@ -23,6 +23,10 @@ from clusterft.pipeline.names import DISTRIBUTIONS, METHODS, REFERENCES, TARGET_
 from clusterft.modeling.tokenize import POLICIES
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+# The train keys a dataset may set for its own runs (`datasets.<name>.train`, merged over
+# the model's train section): the ones that change neither a job's placement (GPUs, nodes)
+# nor its memory, which stay per model.
+DATASET_TRAIN_KEYS = ("epochs", "lr")
 
 
 def budget_label(budget: float) -> str:
@@ -138,6 +142,7 @@ def check_sections(cfg: dict) -> None:
     from clusterft.stages.data import prepare as data
     from clusterft.stages import evaluate
     from clusterft.modeling import pretrain
+    from clusterft.stages import models
     from clusterft.stages import train
     from clusterft.pipeline.sections import check_keys
     from clusterft.modeling import lengths
@@ -149,10 +154,13 @@ def check_sections(cfg: dict) -> None:
     evaluate.merge_cfg(cfg.get("evaluate"))  # values too: shards, gpus, dtype, parallelize
     for name, m in (cfg.get("models") or {}).items():
         check_keys(pretrain.DEFAULTS, m.get("pretrain"), f"models.{name}.pretrain")
+        check_keys(models.PRACTICE_DEFAULTS, m.get("practice"), f"models.{name}.practice")
         check_keys(train.DEFAULTS, m.get("train"), f"models.{name}.train")
         lengths.check_keys({**train.DEFAULTS, **(m.get("train") or {})}, f"models.{name}.train")
     for name, d in (cfg.get("datasets") or {}).items():
         data.merge_cfg(d["source"], d, name)
+        check_keys({k: train.DEFAULTS[k] for k in DATASET_TRAIN_KEYS}, d.get("train"),
+                   f"datasets.{name}.train")
 
 
 def stage_defaults() -> dict[str, dict]:
@@ -194,9 +202,10 @@ def settings(cfg: dict) -> dict:
     """The config as the workflow reads its values: a copy with the schema's defaults, every
     stage section merged over its module's DEFAULTS (`stage_defaults`), `tasks` over the
     decontaminate stage's, each model's train section (`model_train`: the train section with
-    the model's own overrides) and the sweep's optional groups written out (a group's models
-    default to every model). Jobs' params keep the config's own sections (the stages merge
-    their DEFAULTS), so a default changed in code does not count as a changed param."""
+    the model's own overrides; a run's adds its dataset's: `run_train`) and the sweep's
+    optional groups written out (a group's models default to every model). Jobs' params
+    keep the config's own sections (the stages merge their DEFAULTS), so a default changed
+    in code does not count as a changed param."""
     from clusterft.pipeline.sections import merged
     from clusterft.stages.data import decontaminate
     from clusterft.stages.evaluate import merge_cfg as evaluate_cfg
@@ -220,6 +229,21 @@ def settings(cfg: dict) -> dict:
                              **(sweep.get("step_matched") or {})}
     sweep["time"] = {"models": models, "datasets": datasets, "epochs": None, **sweep["time"]}
     return out
+
+
+def dataset_train(cfg: dict, dataset: str) -> dict:
+    """Dataset `dataset`'s own train overrides (`datasets.<name>.train`: DATASET_TRAIN_KEYS
+    only), {} where it sets none."""
+    return dict((cfg["datasets"][dataset] or {}).get("train") or {})
+
+
+def run_train(cfg: dict, dataset: str, model: str) -> dict:
+    """The train section a run of `dataset` on `model` trains with, in a settled config
+    (`settings`): the model's (`model_train`: train's DEFAULTS, the train section, the
+    model's overrides) with the dataset's own overrides merged over it."""
+    from clusterft.pipeline.sections import merged
+
+    return merged(copy.deepcopy(cfg["model_train"][model]), dataset_train(cfg, dataset))
 
 
 def _kinds(cfg: dict, path: list[str]) -> set[str]:
@@ -258,8 +282,11 @@ def _section_defaults(cfg: dict, path: list[str]) -> dict:
     stages = stage_defaults()
     if len(path) == 1 and path[0] in stages:
         return stages[path[0]]
-    if len(path) == 3 and path[0] == "models" and path[2] in ("train", "pretrain"):
-        return stages["train"] if path[2] == "train" else pretrain.DEFAULTS
+    if len(path) == 3 and path[0] == "models" and path[2] in ("train", "pretrain", "practice"):
+        from clusterft.stages.models import PRACTICE_DEFAULTS, practice_shape
+
+        return {"train": stages["train"], "pretrain": pretrain.DEFAULTS,
+                "practice": PRACTICE_DEFAULTS}[path[2]]
     if len(path) == 2 and path[0] == "datasets":
         spec = (cfg.get("datasets") or {}).get(path[1]) or {}
         return data.DEFAULTS.get(spec.get("source"), {})
@@ -531,6 +558,45 @@ def check_shards(cfg: dict, source: str = "config") -> None:
         raise config_error(e.message, source, "score.shards") from None
 
 
+def check_practice(cfg: dict, source: str = "config") -> None:
+    """A practised model's practice pool must be one the cipher generator can make, and a
+    cipher testbed fine-tuned on it must share its vocabulary (n_words) and keep to the keys
+    practice does not use (n_skills <= 8): practice teaches the lookup over the testbed's
+    words, never a testbed cipher."""
+    from clusterft.pools import cipher
+    from clusterft.stages.models import PRACTICE_DEFAULTS, practice_shape
+
+    practised = {}
+    for name, m in cfg["models"].items():
+        p = {**PRACTICE_DEFAULTS, **(m.get("practice") or {})}
+        if m.get("source", "build") != "build" or int(p["steps"]) <= 0:
+            continue
+        field = f"models.{name}.practice"
+        try:
+            cipher.check(practice_shape(p), field)
+        except InputError as e:
+            raise config_error(e.message, source, e.field or field) from e
+        practised[name] = p
+    for dname, d in cfg["datasets"].items():
+        if d.get("source") != "cipher":
+            continue
+        spec = {**cipher.DEFAULTS, **d}
+        for mname in d.get("models") or list(cfg["models"]):
+            p = practised.get(mname)
+            if p is None:
+                continue
+            if int(spec["n_words"]) != int(p["n_words"]):
+                raise config_error(
+                    f"the testbed permutes {spec['n_words']} words but model '{mname}' practised "
+                    f"ciphers over {p['n_words']} (models.{mname}.practice.n_words): set both "
+                    "to the same vocabulary size", source, f"datasets.{dname}.n_words")
+            if int(spec["n_skills"]) > len(cipher.KEYS) - len(cipher.PRACTICE_KEYS):
+                raise config_error(
+                    f"{spec['n_skills']} ciphers would reuse a practice key of model '{mname}'; "
+                    f"at most {len(cipher.KEYS) - len(cipher.PRACTICE_KEYS)} on a practised "
+                    "model", source, f"datasets.{dname}.n_skills")
+
+
 def check_config(cfg: dict, source: str = "config") -> None:
     """Checks a schema cannot express; each error names the config field."""
     sweep = cfg["sweep"]
@@ -663,6 +729,7 @@ def check_config(cfg: dict, source: str = "config") -> None:
                 raise config_error(f"cluster.k = {k} is larger than the pool of dataset '{name}': "
                                    f"{d['path']} holds {have} records", source, "cluster.k")
     check_shards(cfg, source)
+    check_practice(cfg, source)
     for name, m in cfg["models"].items():
         if m.get("source") == "path" and not Path(m.get("path", "")).exists():
             raise config_error(f"model path '{m.get('path')}' does not exist", source,

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from clusterft.pipeline.names import ORACLE, RS2, TARGET_AWARE, features_of, split_dist
 from clusterft.pipeline.sections import merged
-from clusterft.plan.config import tasks_for
+from clusterft.plan.config import dataset_train, run_train, tasks_for
 from clusterft.plan.sweep import Sweep, features_paths
 
 SCORE_DIR = "results/score/{dataset}/{model}/s{seed}"
@@ -151,11 +151,13 @@ class Inputs:
         """A config section for a rule's params (the package merges its DEFAULTS)."""
         return canonical(self.config.get(name) or {})
 
-    def model_train_section(self, model: str) -> dict:
+    def model_train_section(self, model: str, dataset: str | None = None) -> dict:
         """The config's train section with the model's own `train` overrides merged over
-        it (params; the plan's `model_train` is the same over train's DEFAULTS)."""
-        return merged(self.config.get("train") or {},
-                      self.config["models"][model].get("train") or {})
+        it and, for a run of `dataset`, the dataset's own (epochs, lr) over those (params;
+        the plan's `model_train` / `run_train` is the same over train's DEFAULTS)."""
+        out = merged(self.config.get("train") or {},
+                     self.config["models"][model].get("train") or {})
+        return merged(out, dataset_train(self.config, dataset)) if dataset else out
 
     def task_item_dirs(self, wildcards: Any) -> list[str]:
         """The task-item folder of the run's dataset (held-out items of its generator)."""
@@ -203,9 +205,14 @@ class Inputs:
 
     @property
     def download_params(self) -> dict:
-        """What the download stage reads: the sections that name outside things, and its own."""
+        """What the download stage reads: the sections that name outside things, and its own
+        (without a dataset's `train`: its runs' epochs / lr fetch nothing)."""
         keys = ("data_seed", "datasets", "tasks", "tokenizer", "models", "download")
-        return canonical({k: self.config[k] for k in keys if k in self.config})
+        out = {k: self.config[k] for k in keys if k in self.config}
+        if "datasets" in out:
+            out["datasets"] = {name: {k: v for k, v in (spec or {}).items() if k != "train"}
+                               for name, spec in out["datasets"].items()}
+        return canonical(out)
 
     @property
     def download_section(self) -> dict:
@@ -215,11 +222,12 @@ class Inputs:
     # ----------------------------------------------------------------- data.smk
     def dataset_cfg(self, wildcards: Any) -> dict:
         """A dataset's section; tasks.items_per_task applies unless the dataset sets it.
-        Its `models` (which models run on it) leaves the data unchanged and is left out."""
+        Its `models` and `train` (which models run on it, its runs' epochs / lr) leave the
+        data unchanged and are left out."""
         items = self.cfg["tasks"]["items_per_task"]
         spec = self.config["datasets"][wild(wildcards).dataset]
         return canonical({"items_per_task": items,
-                          **{k: v for k, v in spec.items() if k != "models"}})
+                          **{k: v for k, v in spec.items() if k not in ("models", "train")}})
 
     def benchmark_docs_tasks(self, wildcards: Any = None) -> list[str]:
         """The lm-eval tasks the config names (tasks.lm_eval_tasks), each once, in order."""
@@ -304,17 +312,18 @@ class Inputs:
         return out
 
     def select_epochs(self, wildcards: Any) -> int:
-        """RS2's per-epoch subsets: as many as the model's longest training run has
-        epochs."""
+        """RS2's per-epoch subsets: as many as the dataset's runs on the model train epochs
+        (the model's, or the dataset's own train.epochs)."""
         w = wild(wildcards)
-        return int(self.cfg["model_train"][w.model]["epochs"]) if w.method == RS2 else 1
+        return int(run_train(self.cfg, w.dataset, w.model)["epochs"]) if w.method == RS2 else 1
 
     # ----------------------------------------------------------------- train.smk
     def run_train_cfg(self, run: dict) -> str:
-        """The model's train section (JSON) as `run` trains; time-only runs train
-        sweep.time.epochs epochs when that is set, and keep no model (keep_model: false:
-        nothing evaluates them). An accuracy run's section is the model's as it is."""
-        cfg = self.model_train_section(run["model"])
+        """The model's train section with the dataset's own overrides (JSON) as `run`
+        trains; time-only runs train sweep.time.epochs epochs when that is set, and keep no
+        model (keep_model: false: nothing evaluates them). An accuracy run's section is the
+        model's and dataset's as it is."""
+        cfg = self.model_train_section(run["model"], run["dataset"])
         epochs = self.cfg["sweep"]["time"]["epochs"]
         if epochs is not None and self.plan.is_time_only(run):
             cfg = {**cfg, "epochs": int(epochs)}
@@ -373,7 +382,8 @@ class Inputs:
         percent (pool sizes are not compared across datasets): its share of full data's
         optimiser steps (full data and the step-matched arm 1, a 31% run 0.31) x its epochs
         (a time-only run's sweep.time.epochs) x the seeds the job trains (a fused job all)
-        x its model's cost. Snakemake starts the ready job of highest priority first, so the
+        x its model's cost (the most epochs: its dataset's runs', which may set their own,
+        as pool sizes). Snakemake starts the ready job of highest priority first, so the
         longest runs start first and short ones fill the other cores beside them
         (longest-processing-time first; the quick target's full-data job otherwise started
         last and ran alone at the end)."""
@@ -384,7 +394,8 @@ class Inputs:
         share = 1.0 if split_dist(w.dist)[1] else min(1.0, float(w.budget))
         epochs = int(self.plan.train_settings(run)["epochs"])
         seeds = 1 if hasattr(w, "seed") else len(self.plan.seeds)
-        longest = max(int(self.plan.cfg["model_train"][m]["epochs"]) for m in self.plan.models)
+        longest = max(int(run_train(self.plan.cfg, w.dataset, m)["epochs"])
+                      for m in self.plan.models)
         work = share * epochs * seeds / (longest * len(self.plan.seeds))
         return max(1, int(round(100 * work * self.model_cost(w.model))))
 

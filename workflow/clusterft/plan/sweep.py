@@ -34,7 +34,7 @@ from typing import Any, Iterable
 from clusterft.pipeline.names import (BASE, CLUSTER, FEATURE_KINDS, FULL, GRADIENT, LOSS,
                                       ORACLE, RANDOM, STEPS_SUFFIX, TARGET_AWARE, features_of,
                                       split_dist)
-from clusterft.plan.config import budget_label, settings, tasks_for
+from clusterft.plan.config import budget_label, run_train, settings, tasks_for
 
 RUN = "{dataset}/{model}/{method}-{budget}/g{gpus}-{dist}/s{seed}"
 SELECTION = "results/select/{dataset}/{model}/{method}-{budget}/s{seed}/selection.parquet"
@@ -323,10 +323,11 @@ class Sweep:
 
     # ----------------------------------------------------------------- train settings
     def train_settings(self, run: dict) -> dict:
-        """The model's train section (its own overrides merged, DEFAULTS under them) as
-        `run` trains: time-only runs train sweep.time.epochs epochs when that is set, and
-        keep no model (keep_model false: their folder holds only NOT_KEPT.json)."""
-        cfg = dict(self.cfg["model_train"][run["model"]])
+        """The model's train section (its own overrides merged, DEFAULTS under them, the
+        run's dataset's own epochs / lr over them: `run_train`) as `run` trains: time-only
+        runs train sweep.time.epochs epochs when that is set, and keep no model (keep_model
+        false: their folder holds only NOT_KEPT.json)."""
+        cfg = run_train(self.cfg, run["dataset"], run["model"])
         epochs = self.cfg["sweep"]["time"]["epochs"]
         if epochs is not None and self.is_time_only(run):
             cfg["epochs"] = int(epochs)

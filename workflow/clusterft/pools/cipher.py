@@ -9,8 +9,12 @@ applied word by word ("Encode with cipher upper: key node" -> " stack pair"). Wh
 - **told apart only by what they do**: every skill uses the same vocabulary and the same
   instruction template; only the key word differs. Clustering by the words of the input has
   no shortcut beyond the key; the gradient of an example is about the mapping it teaches;
-- **Zipf-skewed frequencies** (rank r ~ 1/r**zipf_s): a random 31% leaves the rare ciphers
-  short of examples, while a skill-balanced 31% (the oracle) gives every cipher enough;
+- **Zipf-skewed frequencies** (rank r ~ 1/r**zipf_s) over tables larger than a rare
+  cipher's examples show: a random 31% leaves the rare ciphers' tables partly unseen (an item
+  with an unseen word cannot be answered, whatever the steps), while a skill-balanced 31%
+  (the oracle) shows nearly all of what full data shows. The testbed runs on a base model
+  that has practised other ciphers (PRACTICE_KEYS; clusterft.stages.models.practice), so
+  fine-tuning learns tables, not the lookup they share: what then decides the score is data;
 - **uniform, held-out evaluation**: `items_per_skill` items per cipher, each on a word
   tuple that the pool never holds (under any key), so an item is answered by applying the
   mapping, not by recalling a pool example.
@@ -42,18 +46,19 @@ from clusterft.pools import zipf_counts
 from clusterft.pools.skills import TOPICS
 
 DEFAULTS: dict = {
-    # The testbed's frozen shape (docs/testbed.md: fixed by a pilot of full, random and oracle
-    # before the method ran on it; config/config.yaml repeats it).
+    # The testbed's frozen shape (docs/testbed.md, fourth pilot: fixed from runs of full,
+    # random and oracle only, before the method ran on it; config/config.yaml repeats it).
     # Pool size (examples).
-    "n": 8000,
-    # Number of ciphers (skills); at most len(KEYS).
+    "n": 600,
+    # Number of ciphers (skills); at most len(KEYS), and 8 on a model that practised
+    # ciphers (the other keys are the practice ciphers').
     "n_skills": 8,
     # Size of the shared vocabulary every cipher permutes; at most len(WORDS).
-    "n_words": 8,
+    "n_words": 12,
     # Words per example, drawn with repetition (input and answer have this many words).
-    "words_per_example": 4,
+    "words_per_example": 3,
     # Zipf exponent of the cipher frequencies (rank r ~ 1/r**s).
-    "zipf_s": 1.2,
+    "zipf_s": 1.5,
     # Benchmark items per cipher (the task has n_skills x items_per_skill items).
     "items_per_skill": 50,
     # Word tuples held out of the pool (the items' inputs are drawn from these, and the
@@ -78,11 +83,17 @@ WORDS: tuple[str, ...] = tuple("""dict tuple string integer bytes key value item
     group""".split())
 KEYS: tuple[str, ...] = tuple("""upper lower left right back next current default global
     local normal special single multiple empty small""".split())
+# The practice ciphers' keys (`models.<name>.practice`: a base model that has met ciphers
+# before, so that fine-tuning teaches the testbed's tables, not the lookup itself): the last
+# eight keys, with permutations from their own random stream. A testbed on a practised model
+# uses the first eight (the config check keeps n_skills <= 8 there).
+PRACTICE_KEYS: tuple[str, ...] = KEYS[8:]
+STREAM, PRACTICE_STREAM = 131, 137
 
 
-def skill_names(cfg: dict) -> tuple[str, ...]:
+def skill_names(cfg: dict, keys: tuple[str, ...] = KEYS) -> tuple[str, ...]:
     """The ciphers' names (their keys), in Zipf rank order (most frequent first)."""
-    return KEYS[: int(cfg["n_skills"])]
+    return keys[: int(cfg["n_skills"])]
 
 
 def check(cfg: dict, prefix: str = "cipher") -> None:
@@ -110,12 +121,13 @@ def check(cfg: dict, prefix: str = "cipher") -> None:
                          field=f"{prefix}.n")
 
 
-def mappings(cfg: dict, rng: np.random.Generator) -> dict[str, dict[str, str]]:
+def mappings(cfg: dict, rng: np.random.Generator,
+             keys: tuple[str, ...] = KEYS) -> dict[str, dict[str, str]]:
     """One random permutation of the vocabulary per cipher (drawn first, from the pool's
     stream, so the mapping depends on the seed only)."""
     vocab = WORDS[: int(cfg["n_words"])]
     return {key: dict(zip(vocab, (vocab[i] for i in rng.permutation(len(vocab)))))
-            for key in skill_names(cfg)}
+            for key in skill_names(cfg, keys)}
 
 
 def encode(mapping: dict[str, str], ws: tuple[str, ...]) -> str:
@@ -132,14 +144,15 @@ def _item(i: int, key: str, ws: tuple[str, ...], mapping: dict[str, str], ids) -
             "answer": encode(mapping, ws), "group": key}
 
 
-def build(cfg: dict, seed: int = 0) -> Built:
+def build(cfg: dict, seed: int = 0, practice: bool = False) -> Built:
     """Mappings, held-out tuples and items first; then the pool (Zipf counts per cipher,
-    inputs uniform over the tuples the items never use)."""
+    inputs uniform over the tuples the items never use). ``practice``: the practice
+    ciphers (PRACTICE_KEYS, their own random stream) instead of the testbed's."""
     cfg = {**DEFAULTS, **cfg}
     check(cfg)
-    rng = np.random.default_rng([seed, 131])
-    maps = mappings(cfg, rng)
-    keys = skill_names(cfg)
+    rng = np.random.default_rng([seed, PRACTICE_STREAM if practice else STREAM])
+    maps = mappings(cfg, rng, PRACTICE_KEYS if practice else KEYS)
+    keys = skill_names(cfg, PRACTICE_KEYS if practice else KEYS)
     vocab = WORDS[: int(cfg["n_words"])]
     tuples = list(product(vocab, repeat=int(cfg["words_per_example"])))
     order = rng.permutation(len(tuples))
@@ -183,8 +196,8 @@ def make_val_items(cfg: dict, seed: int, maps: dict, held: list, used: set) -> d
     n = val_count({"val_per_task": DEFAULTS["val_per_task"], **cfg}, "cipher")
     if not n:
         return {}
-    rng = np.random.default_rng([seed, 131, VAL_STREAM])
-    keys = skill_names(cfg)
+    rng = np.random.default_rng([seed, STREAM, VAL_STREAM])
+    keys = tuple(maps)  # the testbed's or the practice ciphers', in rank order
     out = []
     for j in range(n):
         key = keys[j % len(keys)]

@@ -71,6 +71,32 @@ DEFAULTS: dict = {
     "allow_downloads": False,
 }
 
+PRACTICE_DEFAULTS: dict = {
+    # Optimiser steps of practice after pretraining (0: none). Practice fine-tunes the
+    # built model on generated ciphers with other keys and permutations than the testbed's
+    # (clusterft.pools.cipher.PRACTICE_KEYS), so that the base model already has the
+    # key-conditional word lookup every cipher shares, as a pretrained LLM has the
+    # abilities a fine-tuning skill builds on: fine-tuning on the testbed then learns each
+    # cipher's table (a data question) instead of first building the lookup (a question of
+    # steps, which sank the first testbed: docs/testbed.md).
+    "steps": 0,
+    # Practice pool size (examples of the cipher generator, clusterft.pools.cipher).
+    "n": 3000,
+    # Words each practice cipher permutes: must equal the testbed's n_words (the same
+    # vocabulary; the config check says so).
+    "n_words": 12,
+    # Words per practice example.
+    "words_per_example": 3,
+    # Zipf exponent of the practice ciphers' frequencies (0: uniform; a skewed practice
+    # left its rarest ciphers unlearnt, and the testbed's runs then failed: docs/testbed.md).
+    "zipf_s": 0.0,
+    # Examples per optimiser step.
+    "global_batch_size": 8,
+    # Peak learning rate (AdamW, linear schedule with 5% warm-up, gradient clip 1.0:
+    # clusterft.modeling.sft).
+    "lr": 4.0e-3,
+}
+
 
 # --------------------------------------------------------------------------- tokenizer
 
@@ -240,13 +266,68 @@ def save_model(model, tokenizer, out_dir: str | os.PathLike, extra=None) -> None
     save_model_dir(model, tokenizer, out_dir, extra)
 
 
+def practice_shape(cfg: dict) -> dict:
+    """The cipher generator's settings of a practice section: the 8 practice ciphers, 25
+    held-out items each (a check that the lookup was learnt, not a benchmark), no
+    validation items."""
+    from clusterft.pools.cipher import PRACTICE_KEYS
+
+    return {"n": cfg["n"], "n_skills": len(PRACTICE_KEYS), "n_words": cfg["n_words"],
+            "words_per_example": cfg["words_per_example"], "zipf_s": cfg["zipf_s"],
+            "items_per_skill": 25, "held_out": 25, "val_per_task": 0}
+
+
+def practice(model, tokenizer, cfg: dict, seed: int = 0, field: str = "practice") -> dict:
+    """Fine-tune ``model`` in place for ``cfg['steps']`` steps on the practice ciphers
+    (PRACTICE_DEFAULTS says why) with the train stage's one-rank recipe
+    (clusterft.modeling.sft); returns its metrics and
+    how the practised model answers held-out items of its practice ciphers (greedy exact
+    match: it should be near 1 when the lookup has been learnt)."""
+    from clusterft.modeling.generate import score_items
+    from clusterft.modeling.sft import fine_tune_steps
+    from clusterft.modeling.tokenize import encode_records
+    from clusterft.pools import cipher
+
+    t0 = time.perf_counter()
+    built = cipher.build(practice_shape(cfg), seed=seed, practice=True)
+    # A cipher example is a few dozen tokens with the suite's tokenizer; the model's
+    # context bounds what any tokenizer's may take.
+    max_length = min(256, int(model.config.max_position_embeddings))
+    examples, rejected = encode_records(tokenizer, built.records, max_length, "reject",
+                                        where="practice ciphers")
+    if rejected:
+        raise InputError(f"{len(rejected)} practice examples are longer than the model's "
+                         f"context ({max_length} tokens): fewer words_per_example",
+                         field=f"{field}.words_per_example")
+    m = fine_tune_steps(model, tokenizer, examples, int(cfg["steps"]),
+                        int(cfg["global_batch_size"]), float(cfg["lr"]), seed=seed,
+                        run="practice", lr_field=f"{field}.lr")
+    score = score_items(model, tokenizer, built.items[cipher.TASK], max_new_tokens=12)
+    if score["exact"] < 0.95:  # the testbed then measures steps again (docs/testbed.md)
+        import warnings
+
+        warnings.warn(f"practice: the practised model answers held-out items of its practice "
+                      f"ciphers at {score['exact']:.3f} (per cipher: "
+                      f"{', '.join(f'{k} {v:.2f}' for k, v in score['per_group'].items())}); "
+                      f"the lookup the testbed assumes may be incomplete: raise {field}.steps",
+                      stacklevel=2)
+    return {"steps": m["steps"], "examples": len(examples),
+            "keys": list(cipher.PRACTICE_KEYS),
+            "first_loss": round(m["first_loss"], 4), "final_loss": round(m["final_loss"], 4),
+            "items_exact": round(score["exact"], 4),
+            "items_per_cipher": {k: round(v, 3) for k, v in score["per_group"].items()},
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
 def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, size_cfg: dict,
                    pretrain_cfg: dict, out_dir: str | os.PathLike, seed: int = 0,
-                   field: str = "pretrain") -> dict:
-    """Stage `base_model`: build a Llama of ``size_cfg``, pretrain it, save model + tokenizer.
+                   field: str = "pretrain", practice_cfg: dict | None = None) -> dict:
+    """Stage `base_model`: build a Llama of ``size_cfg``, pretrain it, practise it
+    (``practice_cfg`` with steps > 0: :func:`practice`), save model + tokenizer.
 
     Writes ``out_dir`` (HF dir loadable by AutoModelForCausalLM / lm-eval ``hf``) with a
-    ``pretrain_metrics.json`` inside. Returns the metrics.
+    ``pretrain_metrics.json`` inside (practice's under its "practice" key). Returns the
+    metrics.
     """
     set_offline_env()
     import torch
@@ -258,6 +339,9 @@ def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, 
     ckpt_dir = Path(str(out_dir).rstrip("/") + ".ckpt")
     metrics = pretrain(model, tok, docs, pretrain_cfg, seed, field, ckpt_dir) if int(
         (pretrain_cfg or {}).get("steps", PRETRAIN_DEFAULTS["steps"])) > 0 else {"steps": 0}
+    if practice_cfg and int(practice_cfg["steps"]) > 0:
+        metrics["practice"] = practice(model, tok, practice_cfg, seed,
+                                       field.rsplit(".", 1)[0] + ".practice")
     metrics["params"] = count_params(model)
     metrics["size"] = dict(size_cfg)
     metrics["torch_threads"] = torch.get_num_threads()
@@ -294,8 +378,10 @@ def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model
         size = model_cfg.get("size", name)
         size_cfg = size_config(size)
         pcfg = merge_section(PRETRAIN_DEFAULTS, model_cfg.get("pretrain"), f"models.{name}.pretrain")
+        practice_cfg = merge_section(PRACTICE_DEFAULTS, model_cfg.get("practice"),
+                                     f"models.{name}.practice")
         return run_base_model(tokenizer_dir, corpus, size_cfg, pcfg, out_dir, seed,
-                              field=f"models.{name}.pretrain")
+                              field=f"models.{name}.pretrain", practice_cfg=practice_cfg)
     if source not in (HUB, PATH, WHEEL):
         raise InputError(f"unknown source '{source}' ({'|'.join(SOURCES)})", field=f"models.{name}.source")
     if source == PATH:

@@ -45,7 +45,8 @@ FREE_MAPPINGS = {"type_weights", "columns", "data_files", "sizes"}
 # Schema $defs that are stage sections (keys from DEFAULTS) -> the heading documenting them.
 SECTION_HEADINGS = {**{name: f"`{name}`" for name in SECTIONS},
                     "tokenizer": "`tokenizer`",
-                    "pretrain": "`models.<name>.pretrain` (source: build)"}
+                    "pretrain": "`models.<name>.pretrain` (source: build)",
+                    "practice": "`models.<name>.practice` (source: build)"}
 TOP_HEADING = "## Top level"
 HEADER = ["key", "default", "meaning"]
 
@@ -67,6 +68,25 @@ def comments(module: str) -> dict[str, str]:
     for shared in SHARED:
         for k, v in _comments(shared).items():
             out.setdefault(k, v)
+    return out
+
+
+def practice_comments() -> dict[str, str]:
+    """The comments of PRACTICE_DEFAULTS' keys (its keys also occur earlier in
+    clusterft.stages.models, so they are read from the dict's own source)."""
+    models = importlib.import_module("clusterft.stages.models")
+    src = inspect.getsource(models).split("PRACTICE_DEFAULTS: dict = {", 1)[1].split("\n}", 1)[0]
+    out: dict[str, str] = {}
+    note: list[str] = []
+    for line in src.splitlines():
+        m = re.match(r'^\s*"(\w+)"\s*:', line)
+        if m:
+            out[m.group(1)] = " ".join(note) if note else out.get("_last", "")
+            out["_last"] = out[m.group(1)]
+            note = []
+        elif line.strip().startswith("#"):
+            note.append(line.strip().lstrip("#").strip())
+    out.pop("_last", None)
     return out
 
 
@@ -283,6 +303,8 @@ def build_readme() -> str:
     pretrain = importlib.import_module("clusterft.modeling.pretrain")
     parts += [f"### {SECTION_HEADINGS['pretrain']}", ""]
     parts += table(_rows("", pretrain.DEFAULTS, comments("clusterft.modeling.pretrain"))) + [""]
+    parts += [f"### {SECTION_HEADINGS['practice']}", ""]
+    parts += table(_rows("", models.PRACTICE_DEFAULTS, practice_comments())) + [""]
     for name, (module, key) in SECTIONS.items():
         parts += [f"### {SECTION_HEADINGS[name]}", ""]
         parts += table(_rows("", _defaults(module, key), comments(module))) + [""]

@@ -296,10 +296,11 @@ class Estimator:
 
     # train ------------------------------------------------------------------
     def train_seconds(self, w: dict, evaluated: bool) -> float:
+        from clusterft.plan.config import run_train
         from clusterft.stages.train import rank_batch_size
 
         ds, model, gpus = w["dataset"], w["model"], int(w["gpus"])
-        tcfg = self.train[model]
+        tcfg = run_train(self.cfg, ds, model)  # the dataset's own epochs where it sets them
         epochs = int(tcfg["epochs"])
         time_epochs = self.cfg["sweep"]["time"]["epochs"]
         if time_epochs is not None and not evaluated:

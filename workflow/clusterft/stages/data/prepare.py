@@ -81,7 +81,9 @@ DEFAULTS: dict[str, dict] = _defaults()
 # Keys the workflow config may carry for any dataset; ignored where the source has no use
 # for them (e.g. items_per_task / val_per_task for a user's own pool, which has no benchmark
 # tasks). val_per_task (validation items per task) is documented in clusterft.pools.skills.
-PASSTHROUGH_KEYS = ("domain", "source", "items_per_task", "val_per_task", "models")
+# models and train (which models run on the dataset, its runs' epochs / lr) are the
+# workflow's; the data stage ignores them (clusterft.plan.config checks train's keys).
+PASSTHROUGH_KEYS = ("domain", "source", "items_per_task", "val_per_task", "models", "train")
 # Keys whose value is a mapping of the user's own keys.
 FREE_MAPPINGS = ("columns", "data_files")
 
