@@ -66,7 +66,9 @@ if ! timeout -s KILL 5 munge -n </dev/null 2>/dev/null | timeout -s KILL 5 unmun
 fi
 
 # 4. slurm.conf: one node (this host, its CPUs, its memory minus 1 GB), one partition `main`.
-CPUS=$(nproc)
+# (not OMP_NUM_THREADS's count: GNU nproc honours it, and a test run with it set to 1 would
+# give the node one CPU, where the 2-rank jobs then pend forever as PartitionConfig)
+CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 MEM=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
 [ -n "$MEM" ] || die "slurmd -C did not report RealMemory"
 MEM=$((MEM > 2048 ? MEM - 1024 : MEM))
