@@ -283,7 +283,7 @@ def _section_defaults(cfg: dict, path: list[str]) -> dict:
     if len(path) == 1 and path[0] in stages:
         return stages[path[0]]
     if len(path) == 3 and path[0] == "models" and path[2] in ("train", "pretrain", "practice"):
-        from clusterft.stages.models import PRACTICE_DEFAULTS, practice_shape
+        from clusterft.stages.models import PRACTICE_DEFAULTS
 
         return {"train": stages["train"], "pretrain": pretrain.DEFAULTS,
                 "practice": PRACTICE_DEFAULTS}[path[2]]
