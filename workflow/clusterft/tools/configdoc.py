@@ -72,26 +72,17 @@ def comments(module: str) -> dict[str, str]:
 
 
 def practice_comments() -> dict[str, str]:
-    """The comments of PRACTICE_DEFAULTS' keys (its keys also occur earlier in
-    clusterft.stages.models, so they are read from the dict's own source)."""
-    models = importlib.import_module("clusterft.stages.models")
-    src = inspect.getsource(models).split("PRACTICE_DEFAULTS: dict = {", 1)[1].split("\n}", 1)[0]
-    out: dict[str, str] = {}
-    note: list[str] = []
-    for line in src.splitlines():
-        m = re.match(r'^\s*"(\w+)"\s*:', line)
-        if m:
-            out[m.group(1)] = " ".join(note) if note else out.get("_last", "")
-            out["_last"] = out[m.group(1)]
-            note = []
-        elif line.strip().startswith("#"):
-            note.append(line.strip().lstrip("#").strip())
-    out.pop("_last", None)
-    return out
+    """The comments of PRACTICE_DEFAULTS' keys: its keys (steps, n, lr ...) also occur
+    earlier in clusterft.stages.models with other meanings, so reading starts at the dict."""
+    return _comments("clusterft.stages.models", start="PRACTICE_DEFAULTS: dict = {")
 
 
-def _comments(module: str) -> dict[str, str]:
+def _comments(module: str, start: str | None = None) -> dict[str, str]:
+    """key -> the comment lines right above its first `"key":` in the module source, read
+    from the line holding ``start`` on when given."""
     src = inspect.getsource(importlib.import_module(module)).splitlines()
+    if start is not None:
+        src = src[next(i for i, line in enumerate(src) if start in line):]
     out: dict[str, str] = {}
     for i, line in enumerate(src):
         m = re.match(r'^\s*"(\w+)"\s*:', line)
