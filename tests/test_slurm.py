@@ -49,7 +49,7 @@ TARGET = f"{RUN}/train_metrics.json"
 # By default one path of the smoke goes through SLURM (one dataset: data, tokenizer,
 # pretraining, score, cluster, select, a 1- and a 2-rank train, evaluate; every rule kind
 # that needs a job script of its own), which keeps CI within its time budget;
-# CLUSTERFT_SLURM_SMOKE=full sends all of it (165 jobs); see docs/slurm.md for the times.
+# CLUSTERFT_SLURM_SMOKE=full sends all of it (131 jobs); see docs/slurm.md for the times.
 PART = os.environ.get("CLUSTERFT_SLURM_SMOKE", "part") != "full"
 PART_TARGETS = ["results/eval/skills/tiny/cluster-0.31/g1-balanced/s0/results.json", TARGET]
 
