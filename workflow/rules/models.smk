@@ -38,6 +38,10 @@ rule base_model:
         "logs/base_model/{model}.log",
     benchmark:
         "benchmarks/out/base_model/{model}.tsv"
+    # Before every other ready job: everything of its model waits on it, and a two-thread
+    # job of priority 0 waits until no one-thread job is ready (in the whole run after the
+    # quick target, the large model's pretraining did not start while the small cells ran)
+    priority: 100
     conda:
         ENV
     # Two threads: pretraining the small model runs 1.5x faster on 2 cores than on 1
