@@ -24,30 +24,25 @@ TINY_SIZE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
 STDLIB_MODULES = ("textwrap", "string", "fnmatch", "shlex", "bisect", "heapq", "colorsys")
 
 
-# Two pytest-xdist workers (the README's test command: -n 2 --dist loadgroup): a test
-# module runs on one worker, so its module and session fixtures are built once; modules
-# that share an expensive session fixture share a group; the longest groups are handed out
-# first, so that neither worker ends the run alone with one of them (the whole suite spends
-# about half its time on one core otherwise: benchmarks/README.md, "Command 2").
-XDIST_FIRST = (
-    ("smoke", ("test_workflow.py",)),  # the smoke_run fixture, then tests on copies of it
-    ("slurm", ("test_slurm.py",)),  # a part of the smoke through SLURM, and a local run
-    ("rehearsal", ("test_rehearsal.py",)),  # the paper path on the real model
-    ("smollm2", ("test_download.py", "test_real_model.py")),  # the real model's folder
-)
+# Two pytest-xdist workers (the README's test command: -n 2, with --dist loadfile from
+# pyproject.toml): a test module runs on one worker, so its module and session fixtures are
+# built once there; the longest modules are handed out first, so that neither worker ends
+# the run alone with one of them (a serial run spends about half its time on one core:
+# benchmarks/README.md, "Command 2"). Not --dist loadgroup: pytest 9 derives an item's
+# nodeid from its path, and xdist 3.8 marks a group by rewriting the nodeid, which then does
+# nothing (every test of a group ran on either worker, the smoke run built on both).
+FIRST = ("test_workflow.py",  # the smoke_run fixture, then tests on copies of it
+         "test_slurm.py",  # a part of the smoke through SLURM, and a local run of it
+         "test_rehearsal.py",  # the paper path on the real model
+         "test_download.py", "test_real_model.py")  # the real model's folder
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Give every test an xdist group (its module, or its XDIST_FIRST group) and put the
-    XDIST_FIRST groups first, in that order; a plain run (no -n) only sees the order."""
-    first = {name: rank for rank, (_, names) in enumerate(XDIST_FIRST) for name in names}
-    group = {name: g for g, names in XDIST_FIRST for name in names}
-    for item in items:
-        module = item.path.name
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(group.get(module, module.removesuffix(".py"))))
-    items.sort(key=lambda item: first.get(item.path.name, len(XDIST_FIRST)))  # stable
+    """The FIRST modules first, in that order (xdist hands modules out in collection order
+    under --no-loadscope-reorder); the rest as collected. A plain run sees the order only."""
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable
 
 
 def stdlib_text(modules: tuple[str, ...] = STDLIB_MODULES, max_lines: int = 1500) -> list[str]:
