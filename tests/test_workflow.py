@@ -200,9 +200,10 @@ def test_fused_seeds_plan_one_job_per_run_for_all_seeds(smoke_run: Path, tmp_pat
     out = snakemake(smoke_run, "-n", "-p", configfile=cfg)
     text = out.stdout + out.stderr
     plan = planned_rules(smoke_run, configfile=cfg)
-    # per dataset: 10 methods at 0.31, the curve's 2 at 0.5, the ablation's 1 (3 datasets),
-    # and the step-matched arm's 2 on the testbed
-    assert plan["train_seeds"] == plan["evaluate_seeds"] == 3 * (10 + 2 + 1) + 2
+    # one job per run for both seeds: 4 methods on each of the 3 datasets, 6 baselines on
+    # skills and the testbed, on the testbed the curve's 2 runs, the ablation's 1 and the
+    # step-matched arm's 2
+    assert plan["train_seeds"] == plan["evaluate_seeds"] == 3 * 4 + 2 * 6 + 2 + 1 + 2
     # the time runs (seed 0, 2 ranks: train jobs) are done; no one-seed job at one rank
     assert "train" not in plan and "evaluate" not in plan
     run = "skills/tiny/cluster-0.31/g1-balanced"
@@ -520,8 +521,9 @@ def test_workflow_stops_on_remaining_overlap_and_drop_cleans_it(tmp_path: Path) 
             c["download"] = {"standins": True}
             # the oracle needs labels and less/rds validation items, which neither a plain
             # JSONL pool nor named lm-eval tasks give (the config check refuses them)
-            c["sweep"]["methods"] = [m for m in c["sweep"]["methods"]
-                                     if m not in ("oracle", "less", "rds")]
+            for group in (c["sweep"], c["sweep"]["baselines"]):
+                group["methods"] = [m for m in group["methods"]
+                                    if m not in ("oracle", "less", "rds")]
             c["sweep"].pop("step_matched")  # the testbed's arm runs the oracle
         return edit
 
