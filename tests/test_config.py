@@ -454,6 +454,10 @@ def test_nested_config_override_in_a_dry_run(tmp_path: Path) -> None:
      "reuse a practice key"),
     (lambda c: c["models"]["small"]["practice"].update(n=20000), "models.small.practice.n",
      "distinct inputs"),
+    (lambda c: c["models"]["small"]["practice"].update(attempts=0),
+     "models.small.practice.attempts", "integer >= 1"),
+    (lambda c: c["models"]["small"]["practice"].update(min_exact=95),
+     "models.small.practice.min_exact", "[0, 1]"),
 ])
 def test_a_practised_model_and_its_testbed_must_agree(edit, field, words) -> None:
     """models.<name>.practice teaches the lookup over the testbed's words with other keys:

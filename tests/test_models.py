@@ -175,7 +175,7 @@ def test_practice_trains_the_built_model_on_the_practice_ciphers(tmp_path, tiny_
             "num_attention_heads": 2, "max_position_embeddings": 128}
     pre = {"steps": 3, "block_size": 32, "batch_size": 2, "val_fraction": 0}
     practice = {"steps": 60, "n": 200, "n_words": 8, "words_per_example": 3,
-                "global_batch_size": 8, "lr": 1e-2}
+                "global_batch_size": 8, "lr": 1e-2, "attempts": 1}
     m = run_model(tmp_path / "tok", tiny_corpus_path,
                   {"size": size, "pretrain": pre, "practice": practice}, tmp_path / "practised",
                   seed=0, name="tiny", threads=1)
@@ -191,3 +191,52 @@ def test_practice_trains_the_built_model_on_the_practice_ciphers(tmp_path, tiny_
     b = load_file(tmp_path / "plain" / "model.safetensors")
     assert any(not np.array_equal(a[k], b[k]) for k in a)
     assert "practice" not in json.loads((tmp_path / "plain" / "pretrain_metrics.json").read_text())
+
+
+def test_practice_starts_again_from_the_same_weights_until_the_lookup_is_learnt(
+        tmp_path, tiny_corpus_path):
+    """practice.attempts / min_exact: an attempt below min_exact is discarded and practice
+    runs again from the weights it was given, with the next data-order seed; the first
+    attempt is the single run's; with no attempt passing, the best is kept (and warned of);
+    an attempt that passes ends it."""
+    import copy
+
+    import torch
+
+    from clusterft.modeling.generate import score_items
+    from clusterft.modeling.hf import load_tokenizer
+    from clusterft.pools import cipher
+    from clusterft.stages.models import (PRACTICE_DEFAULTS, build_model, practice,
+                                         practice_shape)
+
+    run_tokenizer(tiny_corpus_path, 520, tmp_path / "tok", seed=0)
+    tok = load_tokenizer(tmp_path / "tok")
+    torch.set_num_threads(1)
+    size = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "max_position_embeddings": 128}
+    base = build_model(tok, size, seed=0)
+    cfg = {**PRACTICE_DEFAULTS, "steps": 60, "n": 200, "n_words": 8, "words_per_example": 3,
+           "global_batch_size": 8, "lr": 1e-2}
+
+    single = practice(copy.deepcopy(base), tok, {**cfg, "attempts": 1, "min_exact": 0.0})
+    assert [t["order_seed"] for t in single["tries"]] == [0] and single["passed"]
+
+    model = copy.deepcopy(base)
+    with pytest.warns(UserWarning, match="none of 3 attempts reached practice.min_exact"):
+        p = practice(model, tok, {**cfg, "attempts": 3, "min_exact": 1.0})
+    tries = p["tries"]
+    assert [t["order_seed"] for t in tries] == [0, 1, 2] and not p["passed"]
+    assert tries[0]["final_loss"] == single["final_loss"]  # the first attempt: the single run
+    drop = tries[0]["first_loss"] - tries[0]["final_loss"]
+    assert drop > 0.5
+    for t in tries[1:]:  # each from the given weights, not from the attempt before
+        assert t["first_loss"] > tries[0]["final_loss"] + 0.5 * drop
+        assert t["final_loss"] != tries[0]["final_loss"]
+    best = max(tries, key=lambda t: t["items_exact"])
+    assert p["items_exact"] == best["items_exact"] and p["order_seed"] == best["order_seed"]
+    items = cipher.build(practice_shape(cfg), seed=0, practice=True).items[cipher.TASK]
+    assert round(score_items(model, tok, items, max_new_tokens=12)["exact"], 4) == best["items_exact"]
+
+    # an attempt that passes ends it: a bar every attempt clears stops after the first
+    p = practice(copy.deepcopy(base), tok, {**cfg, "attempts": 3, "min_exact": 0.0})
+    assert len(p["tries"]) == 1 and p["passed"] and p["final_loss"] == single["final_loss"]

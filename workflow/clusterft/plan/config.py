@@ -576,6 +576,14 @@ def check_practice(cfg: dict, source: str = "config") -> None:
             cipher.check(practice_shape(p), field)
         except InputError as e:
             raise config_error(e.message, source, e.field or field) from e
+        a = p["attempts"]
+        if isinstance(a, bool) or not isinstance(a, int) or a < 1:
+            raise config_error(f"must be an integer >= 1, got {a!r}", source,
+                               f"{field}.attempts")
+        if not 0.0 <= float(p["min_exact"]) <= 1.0:
+            raise config_error(f"must lie in [0, 1] (a share of held-out items answered "
+                               f"exactly), got {p['min_exact']!r}", source,
+                               f"{field}.min_exact")
         practised[name] = p
     for dname, d in cfg["datasets"].items():
         if d.get("source") != "cipher":

@@ -95,6 +95,16 @@ PRACTICE_DEFAULTS: dict = {
     # Peak learning rate (AdamW, linear schedule with 5% warm-up, gradient clip 1.0:
     # clusterft.modeling.sft).
     "lr": 4.0e-3,
+    # What a practised model must answer on its practice ciphers' held-out items (greedy
+    # exact match) for its lookup to count as learnt: the testbed assumes a complete lookup.
+    "min_exact": 0.95,
+    # Practice runs at most this many times, each from the same pretrained weights with
+    # the next data-order seed (seed, seed + 1, ...), until one reaches min_exact; if none
+    # does, the best is kept, with a warning. Whether a run of this recipe learns the
+    # lookup depends on its data order and on the CPU's floating-point rounding: the same
+    # seed that learns it on one AMD EPYC fails on another (docs/testbed.md), so a fixed
+    # single run made the testbed's positive control depend on the machine.
+    "attempts": 5,
 }
 
 
@@ -282,7 +292,15 @@ def practice(model, tokenizer, cfg: dict, seed: int = 0, field: str = "practice"
     (PRACTICE_DEFAULTS says why) with the train stage's one-rank recipe
     (clusterft.modeling.sft); returns its metrics and
     how the practised model answers held-out items of its practice ciphers (greedy exact
-    match: it should be near 1 when the lookup has been learnt)."""
+    match: it should be near 1 when the lookup has been learnt).
+
+    An attempt that answers below ``min_exact`` is discarded and practice starts again from
+    the weights it was given, with the next data-order seed, up to ``attempts`` times (the
+    ciphers stay those of ``seed``); the first attempt is what a single run would be, so a
+    model whose first attempt passes is the same as without retries. ``tries`` in the
+    metrics lists every attempt."""
+    import copy
+
     from clusterft.modeling.generate import score_items
     from clusterft.modeling.sft import fine_tune_steps
     from clusterft.modeling.tokenize import encode_records
@@ -299,24 +317,55 @@ def practice(model, tokenizer, cfg: dict, seed: int = 0, field: str = "practice"
         raise InputError(f"{len(rejected)} practice examples are longer than the model's "
                          f"context ({max_length} tokens): fewer words_per_example",
                          field=f"{field}.words_per_example")
-    m = fine_tune_steps(model, tokenizer, examples, int(cfg["steps"]),
-                        int(cfg["global_batch_size"]), float(cfg["lr"]), seed=seed,
-                        run="practice", lr_field=f"{field}.lr")
-    score = score_items(model, tokenizer, built.items[cipher.TASK], max_new_tokens=12)
-    if score["exact"] < 0.95:  # the testbed then measures steps again (docs/testbed.md)
+    attempts, min_exact = int(cfg["attempts"]), float(cfg["min_exact"])
+    start = copy.deepcopy(model.state_dict()) if attempts > 1 else None
+    tries: list[dict] = []
+    best = None  # (exact, index, state_dict) of the best failed attempt so far
+    for attempt in range(attempts):
+        if attempt:
+            model.load_state_dict(start)
+        m = fine_tune_steps(model, tokenizer, examples, int(cfg["steps"]),
+                            int(cfg["global_batch_size"]), float(cfg["lr"]),
+                            seed=seed + attempt, run="practice", lr_field=f"{field}.lr")
+        score = score_items(model, tokenizer, built.items[cipher.TASK], max_new_tokens=12)
+        tries.append({"order_seed": seed + attempt, "first_loss": round(m["first_loss"], 4),
+                      "final_loss": round(m["final_loss"], 4),
+                      "items_exact": round(score["exact"], 4),
+                      "items_per_cipher": {k: round(v, 3)
+                                           for k, v in score["per_group"].items()}})
+        if score["exact"] >= min_exact:
+            break
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "practice attempt %d of %d (order seed %d) answers its practice items at %.3f "
+            "< %s.min_exact %.2f (final loss %.4f)%s", attempt + 1, attempts, seed + attempt,
+            score["exact"], field, min_exact, m["final_loss"],
+            ": starting again from the pretrained weights" if attempt + 1 < attempts else "")
+        if best is None or score["exact"] > best[0]:
+            best = (score["exact"], attempt,
+                    copy.deepcopy(model.state_dict()) if attempt + 1 < attempts else None)
+    else:  # no attempt passed: keep the best one
+        if best is not None and best[2] is not None:
+            model.load_state_dict(best[2])
+        chosen = tries[best[1]] if best is not None else tries[-1]
         import warnings
 
-        warnings.warn(f"practice: the practised model answers held-out items of its practice "
-                      f"ciphers at {score['exact']:.3f} (per cipher: "
-                      f"{', '.join(f'{k} {v:.2f}' for k, v in score['per_group'].items())}); "
-                      f"the lookup the testbed assumes may be incomplete: raise {field}.steps",
-                      stacklevel=2)
-    return {"steps": m["steps"], "examples": len(examples),
+        warnings.warn(f"practice: none of {attempts} attempts reached {field}.min_exact "
+                      f"{min_exact:.2f} on the held-out items of its practice ciphers; the "
+                      f"best (order seed {chosen['order_seed']}) answers them at "
+                      f"{chosen['items_exact']:.3f} (per cipher: "
+                      f"{', '.join(f'{k} {v:.2f}' for k, v in chosen['items_per_cipher'].items())}); "
+                      f"the lookup the testbed assumes may be incomplete: raise "
+                      f"{field}.attempts or {field}.steps", stacklevel=2)
+    chosen = tries[-1] if tries[-1]["items_exact"] >= min_exact or best is None else tries[best[1]]
+    return {"steps": int(cfg["steps"]), "examples": len(examples),
             "keys": list(cipher.PRACTICE_KEYS),
-            "first_loss": round(m["first_loss"], 4), "final_loss": round(m["final_loss"], 4),
-            "items_exact": round(score["exact"], 4),
-            "items_per_cipher": {k: round(v, 3) for k, v in score["per_group"].items()},
-            "seconds": round(time.perf_counter() - t0, 2)}
+            "first_loss": chosen["first_loss"], "final_loss": chosen["final_loss"],
+            "items_exact": chosen["items_exact"],
+            "items_per_cipher": chosen["items_per_cipher"],
+            "order_seed": chosen["order_seed"], "passed": chosen["items_exact"] >= min_exact,
+            "tries": tries, "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def run_base_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, size_cfg: dict,
