@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("script,last", [("bench_cluster.py", "growth exponent"),
                                          ("bench_projection.py", "ratios"),
                                          ("bench_sampler.py", "ratios"),
-                                         ("bench_gpu_token_cost.py", "ratios")])
+                                         ("bench_gpu_token_cost.py", "ratios"),
+                                         ("bench_threads.py", "ratios")])
 def test_benchmark_smoke_runs_and_prints_ratios_last(script: str, last: str) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke"],
                          capture_output=True, text=True, timeout=600, cwd=ROOT)
