@@ -15,9 +15,18 @@ entry points with the variant's overrides; cluster-only variants reuse the base 
 
     python benchmarks/method_choices.py [--pools cipher,skills] [--variants base,center,...]
         [--model results/models/small/base] [--seed 1000] [--threads 2]
-        [--out benchmarks/out/method_choices]
+        [--out benchmarks/out/method_choices] [--design first|second]
 
-Appends one row per (pool, variant) to ``<out>/method_choices.csv`` (variant, pool, ARI,
+``--design first`` (the default) is the study as first run: the first testbed shape
+(``POOLS``) and variants over the old base (``VARIANTS``). ``--design second`` repeats it on
+the testbed as frozen now: the cipher shape of config/config.yaml's ``datasets.cipher``
+(the reported pool size, on the development seed), the base the embedded default as it is
+now (``NOW``: its score section over the stage defaults, ``cluster.k`` 16) and one change
+at a time from it (``VARIANTS_NOW``); the model should be the practised small base model
+the embedded default trains (``results/models/small/base`` of a run of config/config.yaml).
+
+Appends one row per (pool, variant) to ``<out>/method_choices.csv``
+(``method_choices_second.csv`` with ``--design second``) (variant, pool, ARI,
 NMI, purity, seconds, overrides) and prints it as it goes.
 """
 
@@ -93,22 +102,55 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
 }
 
 
-def build_pool(name: str, seed: int, tmp: Path) -> tuple[Path, np.ndarray]:
+# --design second: the embedded default's score section as it is now (config/config.yaml
+# over the stage defaults: warmup_lr 3e-3, LoRA on attention and MLP, mean loss), loss_points
+# at its minimum as above; variants change one thing from it.
+NOW = {"dim": 128, "max_length": 128, "warmup_steps": 60, "loss_points": 2,
+       "checkpoint_every": 0}
+VARIANTS_NOW: dict[str, tuple[dict, dict]] = {
+    "now": ({}, {}),
+    "warmup0": ({"warmup_steps": 0}, {}),
+    "warmup20": ({"warmup_steps": 20}, {}),
+    "warmup200": ({"warmup_steps": 200}, {}),
+    "lr1e-3": ({"warmup_lr": 1.0e-3}, {}),
+    "lr1e-2": ({"warmup_lr": 1.0e-2}, {}),
+    "center": ({}, {"center": True}),
+    "lora_attn": ({"lora": {"target_modules": ATTENTION}}, {}),
+    "loss_sum": ({"loss_normalization": "sum"}, {}),
+    "k=labels": ({}, {"k": "labels"}),
+    "k=4labels": ({}, {"k": "4labels"}),
+}
+
+
+def config_shape(name: str) -> dict:
+    """``datasets.<name>`` of config/config.yaml, less the keys that are not the pool's."""
+    import importlib
+
+    import yaml
+
+    mod = importlib.import_module(f"clusterft.pools.{name}")
+    ds = yaml.safe_load((ROOT / "config/config.yaml").read_text())["datasets"][name]
+    return {k: v for k, v in ds.items() if k in mod.DEFAULTS}
+
+
+def build_pool(name: str, seed: int, tmp: Path, shape: dict | None = None
+               ) -> tuple[Path, np.ndarray]:
     import importlib
 
     from clusterft.pipeline.io import write_jsonl
 
     mod = importlib.import_module(f"clusterft.pools.{name}")
-    built = mod.build({**mod.DEFAULTS, **POOLS[name]}, seed=seed)
+    built = mod.build({**mod.DEFAULTS, **(POOLS[name] if shape is None else shape)}, seed=seed)
     path = tmp / f"{name}.jsonl"
     write_jsonl(path, built.records)
     return path, np.asarray(built.labels)
 
 
-def parse_variant(text: str) -> tuple[dict, dict]:
+def parse_variant(text: str, named: dict | None = None) -> tuple[dict, dict]:
     """A named variant, or an ad-hoc one: ``score={json}|cluster={json}``."""
-    if text in VARIANTS:
-        return VARIANTS[text]
+    named = VARIANTS if named is None else named
+    if text in named:
+        return named[text]
     score, cluster = {}, {}
     for part in text.split("|"):
         key, _, value = part.partition("=")
@@ -124,12 +166,14 @@ def deep_merge(a: dict, b: dict) -> dict:
 
 
 def run_variant(model: str, pool: Path, truth: np.ndarray, score_o: dict, cluster_o: dict,
-                work: Path, seed: int, threads: int, cache: dict) -> dict:
+                work: Path, seed: int, threads: int, cache: dict,
+                base: dict | None = None) -> dict:
     from clusterft.analysis.stats import cluster_agreement
     from clusterft.stages.cluster import run_cluster
     from clusterft.stages.score import run_score
 
-    scfg = dict(NEW_DEFAULTS) if score_o is None else deep_merge(BASE_SCORE, score_o)
+    base = BASE_SCORE if base is None else base
+    scfg = dict(NEW_DEFAULTS) if score_o is None else deep_merge(base, score_o)
     key = json.dumps(scfg, sort_keys=True)
     t0 = time.perf_counter()
     if key not in cache:
@@ -141,7 +185,8 @@ def run_variant(model: str, pool: Path, truth: np.ndarray, score_o: dict, cluste
     d, score_s = cache[key]
     n_labels = len(np.unique(truth))
     ccfg = dict(BASE_CLUSTER, **cluster_o)
-    ccfg["k"] = {"labels": n_labels, "2labels": 2 * n_labels}.get(ccfg["k"], ccfg["k"])
+    ccfg["k"] = {"labels": n_labels, "2labels": 2 * n_labels,
+                 "4labels": 4 * n_labels}.get(ccfg["k"], ccfg["k"])
     t1 = time.perf_counter()
     out = work / f"clusters{time.perf_counter_ns()}"
     summary = run_cluster(d / "features.npy", d / "scores.parquet", ccfg,
@@ -158,8 +203,13 @@ def run_variant(model: str, pool: Path, truth: np.ndarray, score_o: dict, cluste
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    ap.add_argument("--pools", default="cipher,skills")
-    ap.add_argument("--variants", default=",".join(VARIANTS),
+    ap.add_argument("--design", choices=("first", "second"), default="first",
+                    help="first: the study as first run (POOLS, VARIANTS); second: the "
+                         "testbed's shape from config/config.yaml and the variants over "
+                         "the embedded default as it is now (VARIANTS_NOW)")
+    ap.add_argument("--pools", default=None,
+                    help="default: cipher,skills (first), cipher (second)")
+    ap.add_argument("--variants", default=None,
                     help="comma-separated names of VARIANTS, or ';'-separated ad-hoc "
                          "'score={json}|cluster={json}' with --adhoc")
     ap.add_argument("--adhoc", action="store_true",
@@ -175,14 +225,19 @@ def main(argv=None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
+    second = args.design == "second"
+    table = VARIANTS_NOW if second else VARIANTS
+    base = NOW if second else None
+    pools = args.pools or ("cipher" if second else "cipher,skills")
+    names = args.variants or ",".join(table)
     if args.adhoc:
-        named = [v.split(":", 1) for v in args.variants.split(";")]
-        variants = [(n, parse_variant(t)) for n, t in named]
+        named = [v.split(":", 1) for v in names.split(";")]
+        variants = [(n, parse_variant(t, table)) for n, t in named]
     else:
-        variants = [(v, parse_variant(v)) for v in args.variants.split(",")]
+        variants = [(v, parse_variant(v, table)) for v in names.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    csv_path = out / "method_choices.csv"
+    csv_path = out / ("method_choices_second.csv" if second else "method_choices.csv")
     fields = ["pool", "variant", "seed", "ari", "nmi", "purity", "k", "n_labels", "score_s",
               "cluster_s", "score_overrides", "cluster_overrides"]
     new = not csv_path.exists()
@@ -192,14 +247,15 @@ def main(argv=None) -> int:
             w = csv.DictWriter(fh, fieldnames=fields)
             if new:
                 w.writeheader()
-            for pool_name in args.pools.split(","):
-                pool, truth = build_pool(pool_name, args.seed, tmp)
+            for pool_name in pools.split(","):
+                shape = config_shape(pool_name) if second else None
+                pool, truth = build_pool(pool_name, args.seed, tmp, shape)
                 cache: dict = {}
                 for name, (so, co) in variants:
                     work = tmp / f"{pool_name}-{name}"
                     work.mkdir(exist_ok=True)
                     row = run_variant(args.model, pool, truth, so, co, work, args.seed,
-                                      args.threads, cache)
+                                      args.threads, cache, base)
                     row = {"pool": pool_name, "variant": name, "seed": args.seed, **row,
                            "score_overrides": json.dumps(so), "cluster_overrides": json.dumps(co)}
                     print(json.dumps(row), flush=True)
