@@ -300,6 +300,8 @@ def practice(model, tokenizer, cfg: dict, seed: int = 0, field: str = "practice"
     model whose first attempt passes is the same as without retries. ``tries`` in the
     metrics lists every attempt."""
     import copy
+    import logging
+    import warnings
 
     from clusterft.modeling.generate import score_items
     from clusterft.modeling.sft import fine_tune_steps
@@ -336,8 +338,6 @@ def practice(model, tokenizer, cfg: dict, seed: int = 0, field: str = "practice"
         if score["exact"] >= min_exact:
             chosen, passed = tries[-1], True
             break
-        import logging
-
         logging.getLogger(__name__).warning(
             "practice attempt %d of %d (order seed %d) answers its practice items at %.3f "
             "< %s.min_exact %.2f (final loss %.4f)%s", attempt + 1, attempts, seed + attempt,
@@ -350,8 +350,6 @@ def practice(model, tokenizer, cfg: dict, seed: int = 0, field: str = "practice"
         if best[2] is not None:  # else the best is the last attempt, which the model holds
             model.load_state_dict(best[2])
         chosen, passed = tries[best[1]], False
-        import warnings
-
         warnings.warn(f"practice: none of {attempts} attempts reached {field}.min_exact "
                       f"{min_exact:.2f} on the held-out items of its practice ciphers; the "
                       f"best (order seed {chosen['order_seed']}) answers them at "
