@@ -102,9 +102,11 @@ def main(argv=None) -> int:
 
     import torch
 
+    from clusterft.modeling import cpu_matmul
     from clusterft.stages.models import train_tokenizer
 
     logging.basicConfig(level=logging.WARNING)
+    kernel = cpu_matmul.from_env()  # as base_model does (CLUSTERFT_CPU_MATMUL, default auto)
     threads = [int(t) for t in args.threads.split(",")]
     if args.smoke:
         sizes, steps, psteps, repeats = {"tiny": TINY}, 3, 3, 1
@@ -115,7 +117,8 @@ def main(argv=None) -> int:
     docs = corpus(400)
     with tempfile.TemporaryDirectory(prefix="bench-threads-") as tmp:
         tok = train_tokenizer(docs, 2048, Path(tmp) / "tok")
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; pretraining {steps} steps, "
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, CPU matmul {kernel}; "
+          f"pretraining {steps} steps, "
           f"practice {psteps} steps, best of {repeats}", flush=True)
     best: dict = {}
     for _ in range(repeats):

@@ -222,3 +222,15 @@ def test_rule_times_parts_on_the_paper_configs_paths() -> None:
         assert part_of(rule, path, plan) == f"{cell}: {part}", (rule, path)
     assert part_of("base_model", "llama13b", plan) == "base model llama13b"
     assert part_of("corpus", "", plan).startswith("shared")
+
+
+def test_bench_matmul_smoke_kernels_agree_and_ratios_last() -> None:
+    from clusterft.modeling import cpu_matmul
+
+    lines = _smoke("bench_matmul.py")
+    if not cpu_matmul.onednn_available():
+        assert "nothing to compare" in lines[-1]
+        return
+    assert lines[-1].startswith("ratios") and len(_ratios(lines[-1])) == 12
+    gap = [ln for ln in lines if "training step's gradients" in ln]
+    assert len(gap) == 1 and float(gap[0].split("=")[-1]) < 1e-4  # float rounding only

@@ -46,6 +46,9 @@ CFG = prepare(
 # (JOBS.<function>, grouped by rule file in clusterft.plan.inputs), with the cost model
 # that GPU jobs' runtimes follow (clusterft.plan.resources).
 PLAN = Sweep(CFG)
+# The CPU kernel of float32 linear layers (clusterft.modeling.cpu_matmul): the jobs, local
+# or submitted, inherit this environment and read it when they load a model.
+os.environ.update({"CLUSTERFT_CPU_MATMUL": config["cpu_matmul"]})
 JOBS = Inputs(config, PLAN, cost=runtime_estimator)
 
 ENV = "../../envs/clusterft.yaml"

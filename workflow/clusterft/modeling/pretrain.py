@@ -11,6 +11,7 @@ from typing import Iterable
 
 import numpy as np
 
+from clusterft.modeling import cpu_matmul
 from clusterft.pipeline import hardware
 from clusterft.pipeline.errors import InputError
 from clusterft.pipeline.io import atomic_path
@@ -178,6 +179,7 @@ def pretrain(model, tokenizer, texts: Iterable[str], cfg: dict, seed: int = 0,
             "final_loss": float(np.mean(losses[-k:])) if losses else None,
             "val_loss": val_loss, "loss_curve": [round(x, 4) for x in losses[::k]],
             "precision": precision, "hardware": hardware.describe(),
+            "cpu_matmul": cpu_matmul.active(),
             "resumed_from_step": start or None}
 
 

@@ -56,6 +56,17 @@ def cpu_model(info: Mapping[str, str] | None = None) -> str:
             or platform.machine() or "unknown CPU")
 
 
+def cpu_vendor(info: Mapping[str, str] | None = None) -> str:
+    """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD, ...); empty where not listed."""
+    info = _cpuinfo() if info is None else info
+    return info.get("vendor_id", "")
+
+
+def machine() -> str:
+    """The machine's architecture as Python names it (x86_64, aarch64, ...)."""
+    return platform.machine()
+
+
 def isa_cap(env: Mapping[str, str] | None = None) -> str | None:
     """The environment variable that keeps torch off native bf16 kernels, if one is set."""
     env = os.environ if env is None else env
@@ -102,5 +113,5 @@ def describe() -> dict[str, object]:
             "avx2": "avx2" in flags, "isa_cap": isa_cap(), "native_bf16": native_bf16_cpu()}
 
 
-__all__ = ["cpu_flags", "cpu_model", "isa_cap", "native_bf16_cpu", "cuda_visible",
+__all__ = ["cpu_flags", "cpu_model", "cpu_vendor", "machine", "isa_cap", "native_bf16_cpu", "cuda_visible",
            "emulated_bf16_message", "describe"]

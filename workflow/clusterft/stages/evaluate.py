@@ -38,6 +38,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import yaml
 
 from clusterft.pipeline.sections import merge_section
+from clusterft.modeling import cpu_matmul
 from clusterft.modeling.distributed import resolve_device
 from clusterft.pipeline.errors import InputError
 from clusterft.pipeline import provenance
@@ -515,6 +516,7 @@ def run_evaluate(model_dir: str | os.PathLike, tasks: list[Any],
     """
     cfg = merge_cfg(cfg)
     set_offline_env(cfg["allow_downloads"])
+    cpu_matmul.from_env()
     model_dir = str(Path(model_dir).resolve())
     base = adapter_base(model_dir)
     if base is None and not (Path(model_dir) / "config.json").exists():

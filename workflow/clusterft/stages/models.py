@@ -416,6 +416,9 @@ def run_model(tokenizer_dir: str | os.PathLike, corpus: str | os.PathLike, model
     - ``hub`` and ``wheel`` read the download rule's folder (``fetched_folder``) as ``path``.
     """
 
+    from clusterft.modeling import cpu_matmul
+
+    cpu_matmul.from_env()  # the CPU kernel of float32 linears (pretraining, practice)
     source = model_cfg.get("source", BUILD)
     if threads:
         import torch

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from clusterft.modeling import checkpoint
+from clusterft.modeling import checkpoint, cpu_matmul
 from clusterft.pipeline import hardware
 from clusterft.pipeline.sections import merge_section, parse_section_arg
 from clusterft.modeling.distributed import (BACKENDS, DEVICES, Dist, barrier, die_with_launcher, gather_object,
@@ -482,6 +482,7 @@ def train_loop(model, tokenizer, examples: list[dict], clusters: np.ndarray, cfg
     metrics["trainable_params_per_rank"] = held
     metrics["fsdp"], metrics["gradient_checkpointing"] = fsdp, bool(cfg["gradient_checkpointing"])
     metrics["hardware"] = hardware.describe()
+    metrics["cpu_matmul"] = cpu_matmul.active()  # the kernel of float32 CPU linears
     return metrics
 
 
@@ -611,6 +612,7 @@ def run_train(model_dir: str | os.PathLike, pool: str | os.PathLike, selection: 
 
     t_total = time.perf_counter()
     set_offline_env()
+    cpu_matmul.from_env()
     cfg = train_config(cfg)
     if distribution not in DISTRIBUTIONS:
         raise InputError(f"unknown distribution '{distribution}' ({'|'.join(DISTRIBUTIONS)})",

@@ -56,6 +56,7 @@ from typing import Sequence
 
 import numpy as np
 
+from clusterft.modeling import cpu_matmul
 from clusterft.pipeline import provenance
 from clusterft.modeling.distributed import DEVICES, resolve_device
 from clusterft.modeling.lengths import check_keys as check_lengths
@@ -341,6 +342,7 @@ def run_features(kind: str, pool: str | os.PathLike, out_features: str | os.Path
         if model_dir is None:
             raise InputError("embedding features need a model (model_dir)", field="features model")
         path = resolve_model(str(model_dir), field="features model")
+        cpu_matmul.from_env()
         checked = provenance.check_inputs({"model": path, "pool": pool, "items": t_dirs or None},
                                           f"features-{kind}")
         tok = load_tokenizer(path)

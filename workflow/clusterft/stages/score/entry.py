@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from clusterft.modeling import cpu_matmul
 from clusterft.pipeline import provenance
 from clusterft.pipeline.errors import InputError
 from clusterft.stages.score.gradient_pass import empty_arrays, gradient_pass, shard_bounds
@@ -138,6 +139,7 @@ def _prepare(model_dir, pool, cfg: dict | None, threads: int | None):
     from clusterft.pools.poolfile import load_pool
 
     set_offline_env()
+    cpu_matmul.from_env()
     cfg = merge_cfg(cfg)
     if threads and not cfg["num_threads"]:
         torch.set_num_threads(int(threads))
