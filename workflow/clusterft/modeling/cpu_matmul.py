@@ -12,14 +12,16 @@ kernels (``benchmarks/bench_matmul.py``; figures in benchmarks/README.md).
 
 Exactness: both kernels multiply float32 and accumulate in float32; they add the products
 in another order, so results differ at float rounding, as the same run on another CPU does
-(tests bound the difference). Each is deterministic: the same operands give the same bits,
-and a row's result does not depend on the other rows of its matrix (so a score shard still
-equals its part of a one-job run, bit for bit).
+(tests bound the difference). The kernel is chosen per product from its shapes and the
+thread count (small products stay with ATen: ``MIN_WORK``), and each kernel is
+deterministic, so the same batch gives the same bits every time (a score shard, made of the
+one-job run's own batches, still equals its part of that run, bit for bit).
 
 The choice is process-wide, like ``torch.set_num_threads``: :func:`install` replaces
 ``torch.nn.Linear.forward`` with one that sends float32 CPU inputs to oneDNN (forward and
-both backward products) and everything else (CUDA, bf16 autocast, other dtypes, torch.func
-transforms, torch.compile) to the original. The stages call :func:`from_env` before they
+both backward products) of at least ``MIN_WORK`` multiply-adds per thread, and everything
+else (small products, CUDA, bf16 autocast, other dtypes, torch.func transforms,
+torch.compile) to the original. The stages call :func:`from_env` before they
 build or load a model; ``CLUSTERFT_CPU_MATMUL`` (``auto`` | ``aten`` | ``onednn``) carries
 the config's ``cpu_matmul`` to every job (``workflow/rules/common.smk``) and lets a user of
 the command line choose. ``auto`` takes oneDNN on AMD x86 CPUs, where it was measured
