@@ -95,8 +95,10 @@ PRACTICE_DEFAULTS: dict = {
     # Peak learning rate (AdamW, linear schedule with 5% warm-up, gradient clip 1.0:
     # clusterft.modeling.sft).
     "lr": 4.0e-3,
-    # What a practised model must answer on its practice ciphers' held-out items (greedy
-    # exact match) for its lookup to count as learnt: the testbed assumes a complete lookup.
+    # What a practised model must answer on the held-out items of *every* practice cipher
+    # (greedy exact match) for its lookup to count as learnt: the testbed assumes a complete
+    # lookup. Per cipher, not the mean: a model at 0.96 on average with one cipher at 0.72
+    # left every testbed run short of fitting its data (docs/testbed.md, amendment 2).
     "min_exact": 0.95,
     # Practice runs at most this many times, each from the same pretrained weights with
     # the next data-order seed (seed, seed + 1, ...), until one reaches min_exact; if none
@@ -287,6 +289,18 @@ def practice_shape(cfg: dict) -> dict:
             "items_per_skill": 25, "held_out": 25, "val_per_task": 0}
 
 
+def practice_passed(attempt: dict, min_exact: float) -> bool:
+    """Whether a practice attempt (a ``tries`` entry) learnt the lookup: every practice
+    cipher's held-out items answered at ``min_exact`` or better (greedy exact match)."""
+    per = attempt["items_per_cipher"]
+    return bool(per) and min(per.values()) >= min_exact
+
+
+def practice_rank(attempt: dict) -> tuple[float, float]:
+    """How good a failed attempt is, for keeping the best: its worst cipher, then its mean."""
+    return (min(attempt["items_per_cipher"].values(), default=0.0), attempt["items_exact"])
+
+
 def practice(model, tokenizer, cfg: dict, seed: int = 0, field: str = "practice") -> dict:
     """Fine-tune ``model`` in place for ``cfg['steps']`` steps on the practice ciphers
     (PRACTICE_DEFAULTS says why) with the train stage's one-rank recipe
@@ -294,7 +308,8 @@ def practice(model, tokenizer, cfg: dict, seed: int = 0, field: str = "practice"
     how the practised model answers held-out items of its practice ciphers (greedy exact
     match: it should be near 1 when the lookup has been learnt).
 
-    An attempt that answers below ``min_exact`` is discarded and practice starts again from
+    An attempt whose worst practice cipher answers below ``min_exact`` (:func:`practice_passed`)
+    is discarded and practice starts again from
     the weights it was given, with the next data-order seed, up to ``attempts`` times (the
     ciphers stay those of ``seed``); the first attempt is what a single run would be, so a
     model whose first attempt passes is the same as without retries. ``tries`` in the
@@ -335,23 +350,25 @@ def practice(model, tokenizer, cfg: dict, seed: int = 0, field: str = "practice"
                       "items_exact": round(score["exact"], 4),
                       "items_per_cipher": {k: round(v, 3)
                                            for k, v in score["per_group"].items()}})
-        if score["exact"] >= min_exact:
+        if practice_passed(tries[-1], min_exact):
             chosen, passed = tries[-1], True
             break
+        worst = min(tries[-1]["items_per_cipher"].items(), key=lambda kv: kv[1])
         logging.getLogger(__name__).warning(
-            "practice attempt %d of %d (order seed %d) answers its practice items at %.3f "
-            "< %s.min_exact %.2f (final loss %.4f)%s", attempt + 1, attempts, seed + attempt,
-            score["exact"], field, min_exact, m["final_loss"],
+            "practice attempt %d of %d (order seed %d) answers its practice items at %.3f, "
+            "its worst cipher (%s) at %.3f < %s.min_exact %.2f (final loss %.4f)%s",
+            attempt + 1, attempts, seed + attempt, score["exact"], worst[0], worst[1], field,
+            min_exact, m["final_loss"],
             ": starting again from the pretrained weights" if attempt + 1 < attempts else "")
-        if best is None or score["exact"] > best[0]:
-            best = (score["exact"], attempt,
+        if best is None or practice_rank(tries[-1]) > best[0]:
+            best = (practice_rank(tries[-1]), attempt,
                     copy.deepcopy(model.state_dict()) if attempt + 1 < attempts else None)
     else:  # no attempt passed: keep the best one
         if best[2] is not None:  # else the best is the last attempt, which the model holds
             model.load_state_dict(best[2])
         chosen, passed = tries[best[1]], False
         warnings.warn(f"practice: none of {attempts} attempts reached {field}.min_exact "
-                      f"{min_exact:.2f} on the held-out items of its practice ciphers; the "
+                      f"{min_exact:.2f} on the held-out items of every practice cipher; the "
                       f"best (order seed {chosen['order_seed']}) answers them at "
                       f"{chosen['items_exact']:.3f} (per cipher: "
                       f"{', '.join(f'{k} {v:.2f}' for k, v in chosen['items_per_cipher'].items())}); "
