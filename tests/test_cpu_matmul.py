@@ -22,11 +22,7 @@ needs_onednn = pytest.mark.skipif(not cpu_matmul.onednn_available(),
 
 
 @pytest.fixture(autouse=True)
-def _restore(request, monkeypatch):
-    """Every test leaves torch's own Linear; the numeric tests use small layers, so they
-    send every product to oneDNN (MIN_WORK 0) unless marked ``keep_min_work``."""
-    if "keep_min_work" not in request.keywords:
-        monkeypatch.setattr(cpu_matmul, "MIN_WORK", 0)
+def _restore():
     yield
     cpu_matmul.uninstall()
 
@@ -179,25 +175,3 @@ def test_a_llama_trains_the_same_to_float_rounding() -> None:
     for a, b in zip(grads_ref, grads):
         assert float((a - b).abs().max()) <= 1e-4 * float(a.abs().max()) + 1e-7
 
-
-@needs_onednn
-@pytest.mark.keep_min_work
-def test_small_products_keep_torchs_kernel(monkeypatch) -> None:
-    """Below MIN_WORK multiply-adds per thread a product stays with ATen (bit-identical to
-    torch's own), at or above it goes to oneDNN; the choice follows the thread count."""
-    torch.manual_seed(5)
-    layer = torch.nn.Linear(64, 100, bias=False)
-    rows = cpu_matmul.MIN_WORK // (64 * 100) + 1  # just above the threshold on 1 thread
-    small, large = torch.randn(rows // 4, 64), torch.randn(rows, 64)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        ref = layer(small)
-        cpu_matmul.install("onednn")
-        assert onednn_calls(lambda: layer(small)) == 0
-        assert torch.equal(layer(small), ref)
-        assert onednn_calls(lambda: layer(large)) == 1
-        torch.set_num_threads(2)
-        assert onednn_calls(lambda: layer(large)) == 0  # twice the work needed on 2 threads
-    finally:
-        torch.set_num_threads(threads)

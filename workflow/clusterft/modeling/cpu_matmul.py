@@ -12,16 +12,19 @@ kernels (``benchmarks/bench_matmul.py``; figures in benchmarks/README.md).
 
 Exactness: both kernels multiply float32 and accumulate in float32; they add the products
 in another order, so results differ at float rounding, as the same run on another CPU does
-(tests bound the difference). The kernel is chosen per product from its shapes and the
-thread count (small products stay with ATen: ``MIN_WORK``), and each kernel is
-deterministic, so the same batch gives the same bits every time (a score shard, made of the
-one-job run's own batches, still equals its part of that run, bit for bit).
+(tests bound the difference). Each is deterministic, and a row's result does not depend on
+the other rows of its matrix, so a batch and its examples one by one give the same bits
+(what score's shards and the tests of the per-example gradients rely on). The kernel is
+therefore chosen per process, never per product: a size threshold (ATen for small
+products, whose call overhead oneDNN does not win back) was tried and dropped, because a row
+would then round differently in a small batch than in a large one. The price: a small
+model's steps of a few short examples run 0.9x ATen's speed on 2 threads
+(benchmarks/README.md).
 
 The choice is process-wide, like ``torch.set_num_threads``: :func:`install` replaces
 ``torch.nn.Linear.forward`` with one that sends float32 CPU inputs to oneDNN (forward and
-both backward products) of at least ``MIN_WORK`` multiply-adds per thread, and everything
-else (small products, CUDA, bf16 autocast, other dtypes, torch.func transforms,
-torch.compile) to the original. The stages call :func:`from_env` before they
+both backward products) and everything else (CUDA, bf16 autocast, other dtypes, torch.func
+transforms, torch.compile) to the original. The stages call :func:`from_env` before they
 build or load a model; ``CLUSTERFT_CPU_MATMUL`` (``auto`` | ``aten`` | ``onednn``) carries
 the config's ``cpu_matmul`` to every job (``workflow/rules/common.smk``) and lets a user of
 the command line choose. ``auto`` takes oneDNN on AMD x86 CPUs, where it was measured
@@ -39,12 +42,6 @@ from clusterft.pipeline.errors import InputError
 
 MODES = ("auto", "aten", "onednn")
 ENV = "CLUSTERFT_CPU_MATMUL"
-
-# oneDNN takes a product of at least this many multiply-adds per thread (rows x in x out):
-# below it, the call overhead of the autograd function and of oneDNN outweighs the faster
-# kernel. Measured on the Zen 5 EPYC (forward + backward of one layer, ATen against
-# oneDNN): the break-even lies at 1.5-3 million per thread for the widths of our models.
-MIN_WORK = 3_000_000
 
 _state: dict = {"mode": None, "original": None}
 
@@ -128,15 +125,12 @@ def _onednn_forward(self, input):
 
 
 def _eligible(x, w, b) -> bool:
-    """Plain float32 CPU tensors outside autocast, torch.func transforms and compilation
-    (what oneDNN's float32 linear computes as defined), in a product of at least
-    ``MIN_WORK`` multiply-adds per thread. The choice depends only on the shapes and the
-    thread count, so the same batch always takes the same kernel. The size comes first:
-    it turns most small calls away at the cost of one multiplication."""
+    """Plain float32 CPU tensors outside autocast, torch.func transforms and compilation:
+    what oneDNN's float32 linear computes as defined."""
     import torch
 
-    if x.numel() * w.shape[0] < MIN_WORK * torch.get_num_threads():
-        return False  # a small product: ATen's lower call overhead wins
+    if x.numel() == 0:
+        return False
     f32 = torch.float32
     if x.dtype != f32 or w.dtype != f32 or x.device.type != "cpu" or w.device.type != "cpu":
         return False
