@@ -17,9 +17,9 @@ the other rows of its matrix, so a batch and its examples one by one give the sa
 (what score's shards and the tests of the per-example gradients rely on). The kernel is
 therefore chosen per process, never per product: a size threshold (ATen for small
 products, whose call overhead oneDNN does not win back) was tried and dropped, because a row
-would then round differently in a small batch than in a large one. The price: a small
-model's steps of a few short examples run 0.9x ATen's speed on 2 threads
-(benchmarks/README.md).
+would then round differently in a small batch than in a large one. The price: the
+smallest steps lose (practice's steps of 8 cipher examples of a few tokens on 2 threads ran
+0.77x ATen's speed; benchmarks/README.md).
 
 The choice is process-wide, like ``torch.set_num_threads``: :func:`install` replaces
 ``torch.nn.Linear.forward`` with one that sends float32 CPU inputs to oneDNN (forward and
