@@ -10,6 +10,7 @@ import torch
 from clusterft.modeling import cpu_matmul
 from clusterft.pipeline.errors import InputError
 
+
 def onednn_calls(fn) -> int:
     """How many oneDNN linears ``fn()`` ran (torch's profiler)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

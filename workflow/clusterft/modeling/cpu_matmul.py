@@ -5,8 +5,8 @@ its kernels by the CPU's *vendor*: on AMD processors it runs its AVX2 code even 
 CPU executes AVX-512 at full width. oneDNN, which ships inside the same torch build (the
 ``mkldnn._linear_pointwise`` op that torch's inductor uses for CPU linears), picks its
 kernels by *instruction set*. On 2 cores of an AMD EPYC with Zen 5 instructions the
-linear shapes of the embedded default's models ran 2.2-2.5x faster through oneDNN, and
-1.25x with oneDNN capped at AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2``, what an AVX2-only AMD CPU
+linear products of the embedded default's models ran 1.65-2.23x faster through oneDNN, and
+one of them 1.25x with oneDNN capped at AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2``, what an AVX2-only AMD CPU
 would get); whole steps gain less, because attention, norms and elementwise ops keep their
 kernels (``benchmarks/bench_matmul.py``; figures in benchmarks/README.md).
 
@@ -116,8 +116,6 @@ def active() -> str:
 
 
 def _onednn_forward(self, input):
-    import torch
-
     w, b = self.weight, self.bias
     if _eligible(input, w, b):
         return _linear_function().apply(input, w, b)
